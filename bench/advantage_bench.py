@@ -69,8 +69,8 @@ def worker_make(path: str, steps: int) -> dict:
 
 
 def worker_pipeline(path: str, out: str) -> dict:
-    from graft_cli.config import AdvantageConfig
     from schemas import read_table, validate_steps, write_table
+    from schemas.config import AdvantageConfig
     from stages.advantage.compute import compute_advantages
     from stages.graph import build_graph
     from stages.solve import solve_values

@@ -27,8 +27,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from graft_cli.config import load_config  # noqa: E402
 from schemas import validate_steps  # noqa: E402
+from schemas.config import load_config  # noqa: E402
 from stages.policy.engine import EngineOptions, make_engine  # noqa: E402
 from stages.rollout import build_tiny_for_config, collect_groups, iteration_groups, make_environment  # noqa: E402
 

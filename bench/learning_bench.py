@@ -66,7 +66,7 @@ def run_variant(
 
 def success_table(runs: dict[str, list[Path]], every: int) -> tuple[str, dict[str, np.ndarray]]:
     """Markdown: rows = iteration, columns = variant, cells = mean ± std over seeds of training success."""
-    from graft_cli.rundir import open_run
+    from schemas.rundir import open_run
 
     curves: dict[str, np.ndarray] = {}
     for variant, dirs in runs.items():
@@ -101,7 +101,7 @@ def success_table(runs: dict[str, list[Path]], every: int) -> tuple[str, dict[st
 
 def eval_table(runs: dict[str, list[Path]]) -> str:
     """Markdown: held-out success of the initial and the last evaluated policy, mean over seeds."""
-    from graft_cli.rundir import open_run
+    from schemas.rundir import open_run
 
     lines = ["| variant | eval success, initial | eval success, last (updates) |", "|---|---|---|"]
     for variant, dirs in runs.items():

@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from graft_cli.config import load_config
+from schemas.config import load_config
 from stages.policy.choice import score_choices_batch
 from stages.policy.engine import EngineOptions, make_engine
 from stages.rollout import build_tiny_for_config, collect_groups, iteration_groups, make_environment

@@ -17,8 +17,8 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graft_cli.rundir import open_run  # noqa: E402
 from schemas import read_table  # noqa: E402
+from schemas.rundir import open_run  # noqa: E402
 
 ORDER = ("rollout", "graph", "solve", "advantage", "update", "eval")
 

@@ -27,9 +27,9 @@ import numpy as np
 import polars as pl
 import torch
 
-from graft_cli.config import load_config
-from graft_cli.rundir import create_run
 from schemas import write_table
+from schemas.config import load_config
+from schemas.rundir import create_run
 from stages.update import logprobs as update_logprobs
 from stages.update.runner import run_update
 

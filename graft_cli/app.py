@@ -13,7 +13,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 COMMAND_MODULES = ("foundation", "credit", "envs", "rollout", "update", "loop")
 

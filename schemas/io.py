@@ -10,8 +10,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from graft_cli.errors import GraftError
 from schemas.definitions import STEPS_OPTIONAL, TABLES, TableSpec
+from schemas.errors import GraftError
 
 
 def _spec(table: str) -> TableSpec:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 RULES = {
     "unique": "(traj_id, step) is not unique",

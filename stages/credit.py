@@ -30,10 +30,10 @@ from typing import Any
 
 import polars as pl
 
-from graft_cli.config import AdvantageConfig, Config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run
 from schemas import conform, read_table, validate_steps, write_table
+from schemas.config import AdvantageConfig, Config
+from schemas.errors import GraftError
+from schemas.rundir import Run
 from stages.advantage.compute import compute_advantages
 from stages.diagnostics import diagnostics_frame, graph_metrics, metrics_frame, solve_metrics
 from stages.graph import Embedder, build_graph

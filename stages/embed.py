@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 
 def default_model_path() -> Path:

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from graft_cli.config import Config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run, checkpoint_complete
 from schemas import write_table
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.rundir import Run, checkpoint_complete
 
 EVAL_METRICS = ("success_rate", "mean_return", "mean_turns", "mean_score", "episodes")
 EVAL_PURPOSE = 0xE7A1  # the eval stream of SeedSequence((run.seed, iteration + 1, purpose))

@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 Embedder = Callable[[Sequence[str]], np.ndarray]
 """texts (k,) -> embeddings (k, d) float; need not be normalized (build_graph L2-normalizes)."""

@@ -19,11 +19,8 @@ Timing of stages that already ran in an earlier (killed) process is kept in a sm
 from __future__ import annotations
 
 import fcntl
-import importlib
 import json
-import os
 import shutil
-import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,47 +29,28 @@ from pathlib import Path
 
 import polars as pl
 
-from graft_cli.config import Config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import STAGES, Run, atomic_write_text
-from schemas import write_table
+from schemas import read_table, write_table
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.rundir import STAGES, Run, atomic_write_text
+from stages.credit import run_advantage, run_graph, run_solve
+from stages.evaluate import episode_table, run_eval, summary_rows
+from stages.rollout import ensure_initial_model, make_environment, run_rollout
+from stages.update import run_update
 
 StageRunner = Callable[[Run, int, Config], None]
 
-# Where each stage runner lives; the first importable candidate wins (module:function).
-RUNNER_CANDIDATES: dict[str, tuple[str, ...]] = {
-    "rollout": ("stages.rollout:run_rollout",),
-    "graph": ("stages.credit:run_graph",),
-    "solve": ("stages.credit:run_solve",),
-    "advantage": ("stages.credit:run_advantage",),
-    "update": ("stages.update:run_update",),
-    "eval": ("stages.evaluate:run_eval",),
+# The stages of one iteration, in order, and the evaluation that may follow them.
+STAGE_RUNNERS: dict[str, StageRunner] = {
+    "rollout": run_rollout,
+    "graph": run_graph,
+    "solve": run_solve,
+    "advantage": run_advantage,
+    "update": run_update,
+    "eval": run_eval,
 }
 LOOP_TABLE = "metrics_loop"
 SECONDS_SIDECAR = ".loop_seconds.json"
-KILL_ENV = "GRAFT_KILL_AT"  # tests only: "<stage>[:<iter>[:<n>]]" SIGKILLs at that stage's n-th rename
-
-
-def resolve_runner(stage: str) -> StageRunner:
-    """Import the runner of ``stage`` from the first candidate module that provides it."""
-    tried = []
-    for spec in RUNNER_CANDIDATES[stage]:
-        module_name, func = spec.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                tried.append(spec)
-                continue
-            raise
-        if hasattr(module, func):
-            return getattr(module, func)
-        tried.append(spec)
-    raise GraftError(f"stage '{stage}' is not available in this install (looked for {', '.join(tried)})")
-
-
-def default_runners() -> dict[str, StageRunner]:
-    return {stage: resolve_runner(stage) for stage in (*STAGES, "eval")}
 
 
 def eval_due(iteration: int, last: int, eval_every: int) -> bool:
@@ -116,44 +94,6 @@ def _read_sidecar(path: Path) -> dict[str, float]:
         return {}
 
 
-class _KillHook:
-    """Test hook (``GRAFT_KILL_AT=<stage>[:<iter>[:<n or text>]]``): SIGKILL this process at the n-th
-    ``os.replace`` of that stage (default 1), or at the first whose destination contains ``text`` —
-    i.e. with a temporary output written but not yet renamed into place."""
-
-    def __init__(self, spec: str | None) -> None:
-        self.stage: str | None = None
-        self.iteration: int | None = None
-        self.nth, self.match = 1, ""
-        if spec:
-            parts = spec.split(":")
-            self.stage = parts[0]
-            self.iteration = int(parts[1]) if len(parts) > 1 and parts[1] != "" else None
-            if len(parts) > 2:
-                self.nth, self.match = (int(parts[2]), "") if parts[2].isdigit() else (1, parts[2])
-
-    def armed(self, stage: str, iteration: int) -> bool:
-        return self.stage == stage and (self.iteration is None or self.iteration == iteration)
-
-    def run(self, fn: Callable[[], None]) -> None:
-        original = os.replace
-        count = 0
-
-        def replace(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
-            nonlocal count
-            if self.match in str(dst):
-                count += 1
-                if count >= self.nth:
-                    os.kill(os.getpid(), signal.SIGKILL)
-            return original(src, dst, *args, **kwargs)
-
-        os.replace = replace  # type: ignore[assignment]
-        try:
-            fn()
-        finally:
-            os.replace = original
-
-
 def remove_stale_temporaries(run: Run) -> list[Path]:
     """Delete temporary outputs a killed process left behind (``.<name>.<random>.tmp`` files and
     directories from ``write_table`` / ``atomic_write_text`` / ``atomic_dir``); returns them."""
@@ -195,7 +135,6 @@ def run_iteration(
     runners: dict[str, StageRunner],
     *,
     evaluate: bool,
-    kill: _KillHook | None = None,
 ) -> IterationResult:
     """Run the missing stages of one iteration (and its evaluation when ``evaluate``)."""
     result = IterationResult(iteration)
@@ -209,11 +148,7 @@ def run_iteration(
             result.skipped.append(stage)
             continue
         start = time.perf_counter()
-        call = lambda s=stage: runners[s](run, iteration, config)  # noqa: E731
-        if kill is not None and kill.armed(stage, iteration):
-            kill.run(call)
-        else:
-            call()
+        runners[stage](run, iteration, config)
         if not run.stage_complete(stage, iteration):
             missing = [str(p) for p in run.output_paths(stage, iteration) if not p.exists()]
             raise GraftError(f"stage {stage} of iteration {iteration} finished without {', '.join(missing)}")
@@ -241,7 +176,8 @@ def run_loop(
 ) -> list[IterationResult]:
     """Run iterations 0..iters-1 of ``run``, skipping finished ones and finished stages.
 
-    ``prepare`` (default: the rollout module's ``ensure_initial_model``) builds the initial model.
+    ``runners`` (default ``STAGE_RUNNERS``) maps each stage to its function; tests pass fakes or
+    wrappers. ``prepare`` (default ``ensure_initial_model``) builds the initial model.
     ``on_iteration`` is called after each iteration (the CLI prints its line there).
     """
     with run_lock(run):
@@ -256,35 +192,22 @@ def _run_loop_locked(
     on_iteration: Callable[[IterationResult], None] | None,
     prepare: Callable[[Run, Config], None] | None,
 ) -> list[IterationResult]:
-    runners = runners if runners is not None else default_runners()
-    kill = _KillHook(os.environ.get(KILL_ENV))
+    runners = runners if runners is not None else STAGE_RUNNERS
     remove_stale_temporaries(run)
-    if prepare is None:
-        prepare = _default_prepare()
-    if prepare is not None:
-        prepare(run, config)
+    (prepare if prepare is not None else ensure_initial_model)(run, config)
     if config.eval.initial and config.run.eval_every > 0 and not (run.initial_eval_path).is_file():
         # iteration -1 = the initial policy; the eval runner writes <run>/eval.parquet for it
-        call = lambda: runners["eval"](run, -1, config)  # noqa: E731
-        kill.run(call) if kill.armed("eval", -1) else call()
+        runners["eval"](run, -1, config)
     results = []
     for iteration in range(iters):
         if iteration_finished(run, iteration):
             continue
         due = eval_due(iteration, iters - 1, config.run.eval_every)
-        result = run_iteration(run, iteration, config, runners, evaluate=due, kill=kill)
+        result = run_iteration(run, iteration, config, runners, evaluate=due)
         results.append(result)
         if on_iteration is not None:
             on_iteration(result)
     return results
-
-
-def _default_prepare() -> Callable[[Run, Config], None] | None:
-    try:
-        module = importlib.import_module("stages.rollout")
-    except ModuleNotFoundError:
-        return None
-    return getattr(module, "ensure_initial_model", None)
 
 
 def iteration_summary(run: Run, iteration: int, config: Config) -> dict[str, float]:
@@ -292,9 +215,6 @@ def iteration_summary(run: Run, iteration: int, config: Config) -> dict[str, flo
 
     Taken from the rollout's metrics rows when present, else computed from the steps table.
     """
-    from schemas import read_table
-    from stages.evaluate import episode_table, summary_rows
-
     out: dict[str, float] = {}
     metrics_path = run.iter_dir(iteration) / "metrics_rollout.parquet"
     if metrics_path.is_file():
@@ -303,8 +223,6 @@ def iteration_summary(run: Run, iteration: int, config: Config) -> dict[str, flo
     if not {"success_rate", "mean_return", "mean_turns"} <= out.keys() and run.stage_complete(
         "rollout", iteration
     ):
-        from stages.rollout import make_environment
-
         success = float(make_environment(config).success_outcome)
         rows = summary_rows(episode_table(run.read(iteration, "steps"), success)).filter(
             pl.col("task_type").is_null()

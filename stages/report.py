@@ -21,9 +21,9 @@ from pathlib import Path
 
 import polars as pl
 
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run, open_run
 from schemas import read_table
+from schemas.errors import GraftError
+from schemas.rundir import Run, open_run
 
 # ALFWorld's subtask labels in the order of the paper's Table 1, with its column names; other task
 # types follow alphabetically under their own names.
@@ -212,7 +212,7 @@ def write_report(run_paths: list[str | Path], out: str | Path | None = None) -> 
         raise GraftError(f"{runs[0].root}: no metrics or eval tables yet (run `graft loop` first)")
     folder = Path(out) if out is not None else runs[0].root / "report"
     png = plot_curves(tables, folder / "curves.png")
-    from graft_cli.rundir import atomic_write_text
+    from schemas.rundir import atomic_write_text
 
     text = "\n\n".join(
         [

@@ -51,7 +51,7 @@ import polars as pl
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from graft_cli.errors import GraftError
 from schemas import conform, write_table
+from schemas.errors import GraftError
 
 # Kinds of a valid edge.
 CONTINUE, GOAL, FAIL = 0, 1, 2

@@ -17,8 +17,8 @@ import networkx as nx
 import numpy as np
 import polars as pl
 
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run, atomic_write_text
+from schemas.errors import GraftError
+from schemas.rundir import Run, atomic_write_text
 
 MAX_TEXT = 400  # characters of state text kept in a hover title
 

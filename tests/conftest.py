@@ -8,8 +8,8 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from graft_cli.config import Config
-from graft_cli.rundir import Run, create_run
+from schemas.config import Config
+from schemas.rundir import Run, create_run
 
 
 @pytest.fixture

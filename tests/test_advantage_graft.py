@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graft_cli.config import AdvantageConfig
 from schemas import conform
+from schemas.config import AdvantageConfig
 from stages.advantage.compute import compute_advantages
 from stages.advantage.graft import graft_credit, node_normalize, node_values
 from stages.advantage.registry import CreditInputs, get_estimator
@@ -262,7 +262,7 @@ def test_large_group_path_equals_bitset_path(monkeypatch):
 
 
 def test_values_must_cover_every_node():
-    from graft_cli.errors import GraftError
+    from schemas.errors import GraftError
 
     steps = fig2_steps()
     nodes, edges = build_graph(steps)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graft_cli.config import AdvantageConfig
-from graft_cli.errors import GraftError
+from schemas.config import AdvantageConfig
+from schemas.errors import GraftError
 from stages.advantage import baselines
 from stages.advantage.registry import ESTIMATORS, CreditInputs
 from tests.baseline_reference import (

@@ -10,8 +10,8 @@ import polars as pl
 import pytest
 
 from graft_cli.app import app
-from graft_cli.errors import GraftError
 from schemas import TABLES, read_table, validate_steps
+from schemas.errors import GraftError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,7 +112,7 @@ def test_console_script_error_policy_end_to_end():
     )
     assert debug.returncode != 0
     assert "Traceback (most recent call last)" in debug.stderr
-    assert "graft_cli.errors.GraftError: unknown table 'stepz'" in debug.stderr
+    assert "schemas.errors.GraftError: unknown table 'stepz'" in debug.stderr
 
 
 def test_help_lists_the_foundation_commands(runner):

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from graft_cli.config import Config, SolveConfig, apply_overrides, config_from_dict, load_config
-from graft_cli.errors import GraftError
+from schemas.config import Config, SolveConfig, apply_overrides, config_from_dict, load_config
+from schemas.errors import GraftError
 
 
 def test_documented_defaults_exist():

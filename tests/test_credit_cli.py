@@ -9,10 +9,10 @@ import polars as pl
 import pytest
 
 from graft_cli.app import app
-from graft_cli.config import Config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import create_run
 from schemas import read_table
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.rundir import create_run
 from stages import credit
 from stages.synth import synth_steps
 from tests.credit_cases import fig2_steps

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.base import Episode, Task
 from stages.envs.registry import make_env
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.base import Episode, Task
 from stages.envs.household import TASK_TYPES, HouseholdGame
 from stages.envs.registry import make_env

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs import make_search_data
 from stages.envs.base import Episode
 from stages.envs.parser import parse_response

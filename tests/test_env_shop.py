@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.base import Episode
 from stages.envs.registry import make_env
 from stages.envs.shop import Product, build_catalog, instruction_text, score_purchase

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs import textworld_env
 from stages.envs.base import Episode
 from stages.envs.registry import make_env

@@ -6,8 +6,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from graft_cli.errors import GraftError
 from schemas import conform
+from schemas.errors import GraftError
 from stages.graph import _leader_clusters, build_graph
 from tests.credit_cases import fig2_steps, make_steps
 

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from graft_cli.app import app
-from graft_cli.config import Config, load_config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import CHECKPOINT_MARKER, STAGES, Run, atomic_dir, commit_dir, create_run
 from schemas import read_table, write_table
+from schemas.config import Config, load_config
+from schemas.errors import GraftError
+from schemas.rundir import CHECKPOINT_MARKER, STAGES, Run, atomic_dir, commit_dir, create_run
 from stages.evaluate import episode_table, eval_rows, output_path, summary_rows
 from stages.loop import eval_due, run_loop
 from stages.synth import synth_steps
@@ -323,8 +323,8 @@ def reference_run(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_two_iteration_loop_end_to_end(reference_run: Path) -> None:
-    from graft_cli.rundir import open_run
     from schemas import TABLES
+    from schemas.rundir import open_run
 
     run = open_run(reference_run)
     for it in (0, 1):
@@ -379,12 +379,12 @@ KILLS = [
 def _killed_child(run_dir: str, spec: str) -> None:  # runs in a forkserver child
     import os
 
-    os.environ["GRAFT_KILL_AT"] = spec
-    config = micro_config()
-    from graft_cli.rundir import create_run as _create
+    from schemas.rundir import create_run as _create
+    from tests.kill_at import killing_runners
 
-    run_loop(_create(run_dir, config), config, config.run.iters)
-    os._exit(0)  # the hook did not fire
+    config = micro_config()
+    run_loop(_create(run_dir, config), config, config.run.iters, runners=killing_runners(spec))
+    os._exit(0)  # the kill did not fire
 
 
 @pytest.mark.slow
@@ -399,7 +399,7 @@ def test_sigkill_in_every_stage_resumes_to_the_same_tables(reference_run: Path, 
     # forkserver, not fork: polars' thread pool deadlocks in a child forked from a process that used it;
     # the server imports the stages once, so each child starts in milliseconds
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.test_loop", "stages.rollout", "stages.credit", "stages.update"])
+    ctx.set_forkserver_preload(["tests.test_loop", "tests.kill_at", "stages.loop"])
     for spec in KILLS:
         child = ctx.Process(target=_killed_child, args=(str(run_dir), spec))
         child.start()
@@ -407,7 +407,7 @@ def test_sigkill_in_every_stage_resumes_to_the_same_tables(reference_run: Path, 
         assert child.exitcode == -signal.SIGKILL, f"{spec}: child exit code {child.exitcode}"
     assert any(run_dir.rglob(".*.tmp")), "a kill mid-write leaves a temporary file"
     # the last resume runs in a fresh interpreter (its own hash seed) through the real CLI
-    env = {k: v for k, v in os.environ.items() if k != "GRAFT_KILL_AT"}
+    env = dict(os.environ)
     cmd = [sys.executable, "-m", "graft_cli", "loop", "--config", str(CONFIGS / "quickstart.toml"),
            "--run", str(run_dir), *[a for s in MICRO for a in ("--set", s)]]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.parser import parse_response
 from stages.envs.prompts import build_prompt
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from graft_cli.app import app
-from graft_cli.config import Config
-from graft_cli.rundir import create_run
+from schemas.config import Config
+from schemas.rundir import create_run
 from stages.loop import run_loop
 from stages.report import load_run_tables, order_task_types, per_type_table, sparkline
 from stages.viz import bfs_depth, group_graph, layered_positions, render_html
@@ -90,7 +90,7 @@ def test_order_task_types_follows_table_1() -> None:
 
 
 def test_per_type_table_uses_the_last_eval(fake_run: Path) -> None:
-    from graft_cli.rundir import open_run
+    from schemas.rundir import open_run
 
     tables = load_run_tables(open_run(fake_run))
     md = per_type_table([tables])

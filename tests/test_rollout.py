@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from graft_cli.app import app
-from graft_cli.config import Config, config_from_dict
-from graft_cli.errors import GraftError
-from graft_cli.rundir import CHECKPOINT_MARKER, create_run
 from schemas import conform, read_table, validate_steps
+from schemas.config import Config, config_from_dict
+from schemas.errors import GraftError
+from schemas.rundir import CHECKPOINT_MARKER, create_run
 from stages.envs import registry
 from stages.policy.engine import EngineOptions, make_engine
 from stages.policy.tiny import TinySpec, build_tiny_model
@@ -288,8 +288,8 @@ def test_killed_rollout_leaves_no_finished_output(tmp_path) -> None:
     script = f"""
 import sys, time
 sys.path.insert(0, {str(REPO)!r})
-from graft_cli.config import config_from_dict
-from graft_cli.rundir import create_run
+from schemas.config import config_from_dict
+from schemas.rundir import create_run
 from stages.envs import registry
 from stages.rollout import run_rollout
 registry.ENVIRONMENTS["corridor"] = "tests.rollout_fakes:make_corridor"

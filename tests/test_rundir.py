@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from graft_cli.config import Config, load_config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import (
+from schemas.config import Config, load_config
+from schemas.errors import GraftError
+from schemas.rundir import (
     CHECKPOINT_MARKER,
     Run,
     atomic_dir,
@@ -116,8 +116,8 @@ def test_finished_outputs_get_umask_permissions_not_mkstemp_ones(tmp_path, small
     import os
     import stat
 
-    from graft_cli.rundir import atomic_dir
     from schemas import write_table
+    from schemas.rundir import atomic_dir
 
     old = os.umask(0o022)
     try:

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graft_cli.errors import GraftError
 from schemas import TABLES, conform, read_table, validate_steps, write_table
 from schemas.definitions import STEPS_OPTIONAL
+from schemas.errors import GraftError
 from schemas.validate import RULES
 
 

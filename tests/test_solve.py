@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.sparse.linalg import spsolve
 
-from graft_cli.errors import GraftError
 from schemas import conform
+from schemas.errors import GraftError
 from stages.graph import build_graph
 from stages.solve import k_max, solve_values
 from stages.synth import synth_steps

@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 
 from graft_cli.app import app
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run
-from graft_cli.sql import run_query
 from schemas import TABLES, write_table
+from schemas.errors import GraftError
+from schemas.rundir import Run
+from stages.sql import run_query
 from stages.synth import synth_steps
 
 

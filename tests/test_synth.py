@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graft_cli.errors import GraftError
 from schemas import TABLES, read_table, validate_steps
+from schemas.errors import GraftError
 from stages.synth import FAIL, GOAL, synth_mdps, synth_steps, write_synth
 
 KEY = re.compile(r"^g(\d+)/L(\d+)/s(\d+)(/h\d+)?$")

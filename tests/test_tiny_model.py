@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from graft_cli.app import app
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.policy.models import check_model_dir, load_causal_lm, load_tokenizer, prompt_format
 from stages.policy.tiny import TinySpec, build_tiny_model, environment_texts
 from stages.policy.tokenizer import TAG_TOKENS

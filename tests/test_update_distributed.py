@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from graft_cli.rundir import Run
+from schemas.rundir import Run
 from tests.test_update_trainer import make_run
 
 torch.set_num_threads(1)

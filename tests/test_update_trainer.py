@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from graft_cli.config import Config, UpdateConfig
-from graft_cli.errors import GraftError
-from graft_cli.rundir import CHECKPOINT_MARKER, Run, checkpoint_complete, create_run
 from schemas import write_table
+from schemas.config import Config, UpdateConfig
+from schemas.errors import GraftError
+from schemas.rundir import CHECKPOINT_MARKER, Run, checkpoint_complete, create_run
 from tests.tiny_qwen import tiny_qwen2
 
 torch.set_num_threads(1)

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from graft_cli.errors import GraftError
 from schemas import validate_steps
+from schemas.errors import GraftError
 from stages.policy.engine import EngineOptions
 from stages.policy.tiny import TinySpec, build_tiny_model
 from stages.policy.vllm_engine import VLLMEngine

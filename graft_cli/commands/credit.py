@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 if TYPE_CHECKING:
-    from graft_cli.config import Config
+    from schemas.config import Config
 
 # options shared by the three commands (typer reads them when a command is registered)
 _ITER_OPTION = typer.Option(None, "--iter", help="Iteration (runs only).")
@@ -52,7 +52,7 @@ def _is_run(target: Path) -> bool:
 def _run_context(
     target: Path, iteration: int | None, config_path: Path | None, overrides: list[str], command: str
 ):
-    from graft_cli.rundir import open_run
+    from schemas.rundir import open_run
 
     if config_path is not None:
         raise GraftError(
@@ -67,7 +67,7 @@ def _run_context(
 
 
 def _file_config(config_path: Path | None, overrides: list[str]):
-    from graft_cli.config import load_config
+    from schemas.config import load_config
 
     return load_config(config_path, overrides)
 
@@ -121,7 +121,7 @@ def _read_inputs(folder: Path) -> dict[str, Any]:
 
 
 def _write_inputs(folder: Path, inputs: dict[str, Any]) -> None:
-    from graft_cli.rundir import atomic_write_text
+    from schemas.rundir import atomic_write_text
 
     atomic_write_text(folder / _INPUTS_FILE, json.dumps(inputs, sort_keys=True))
 

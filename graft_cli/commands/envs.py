@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 HELP = (
     "commands: a number (an admissible action), an action's text, 'expert' (take the scripted expert's "
@@ -46,7 +46,7 @@ def play(
     ),
 ) -> None:
     """Play an environment in the terminal: read actions from stdin, show rewards and the outcome."""
-    from graft_cli.config import load_config
+    from schemas.config import load_config
     from stages.envs.base import Episode
     from stages.envs.registry import make_env
 

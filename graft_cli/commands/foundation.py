@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 
 def synth(
@@ -84,7 +84,7 @@ def sql(
     fmt: str = typer.Option("table", "--format", help="Output format: table | csv | json."),
 ) -> None:
     """Query every table of a run with DuckDB (read-only; one view per table, all iterations)."""
-    from graft_cli.sql import run_query
+    from stages.sql import run_query
 
     if fmt not in ("table", "csv", "json"):
         raise GraftError(f"--format '{fmt}': expected table, csv or json")

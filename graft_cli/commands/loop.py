@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from graft_cli.config import Config, load_config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run, atomic_write_text, checkpoint_complete, create_run, open_run
+from schemas.config import Config, load_config
+from schemas.errors import GraftError
+from schemas.rundir import Run, atomic_write_text, checkpoint_complete, create_run, open_run
 
 
 def resolve_loop_run(

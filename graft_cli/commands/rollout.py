@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +27,7 @@ def init_model(
     force: bool = typer.Option(False, "--force", help="Replace an existing directory."),
 ) -> None:
     """Create a policy model directory: the tiny model (random init + word-level tokenizer), no download."""
-    from graft_cli.config import apply_overrides
+    from schemas.config import apply_overrides
     from stages.envs.registry import make_env
     from stages.policy.tiny import TinySpec, build_tiny_model
 
@@ -60,9 +60,9 @@ def rollout(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on a terminal."),
 ) -> None:
     """Play one iteration of rollouts and write steps.parquet (+ metrics_rollout.parquet)."""
-    from graft_cli.config import load_config
-    from graft_cli.rundir import Run, open_run
     from schemas import write_table
+    from schemas.config import load_config
+    from schemas.rundir import Run, open_run
     from stages.rollout import parse_shard, rollout_iteration, run_rollout
 
     if iteration < 0:

@@ -29,8 +29,8 @@ def register(app: typer.Typer) -> None:
 
         import polars as pl
 
-        from graft_cli.errors import GraftError
-        from graft_cli.rundir import open_run
+        from schemas.errors import GraftError
+        from schemas.rundir import open_run
         from stages.update import run_update
 
         if iteration < 0:

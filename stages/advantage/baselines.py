@@ -19,8 +19,8 @@ import polars as pl
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import dijkstra
 
-from graft_cli.config import AdvantageConfig
-from graft_cli.errors import GraftError
+from schemas.config import AdvantageConfig
+from schemas.errors import GraftError
 from stages.advantage.registry import ESTIMATORS, CreditInputs, CreditOutput, register
 
 # The registered baseline names, in the order SPEC §4 lists them.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from graft_cli.config import AdvantageConfig
-from graft_cli.errors import GraftError
+from schemas.config import AdvantageConfig
+from schemas.errors import GraftError
 from stages.advantage.registry import CreditInputs, get_estimator
 
 

@@ -40,8 +40,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from graft_cli.config import AdvantageConfig
-from graft_cli.errors import GraftError
+from schemas.config import AdvantageConfig
+from schemas.errors import GraftError
 from stages.advantage.registry import CreditInputs, CreditOutput, register
 from stages.solve import GraphIndex, gather_ranges, index_graph, sorted_unique
 

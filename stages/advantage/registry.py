@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from graft_cli.config import AdvantageConfig
-from graft_cli.errors import GraftError
+from schemas.config import AdvantageConfig
+from schemas.errors import GraftError
 
 
 @dataclass(frozen=True)

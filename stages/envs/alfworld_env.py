@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.base import Observation, Task, Transition
 from stages.envs.engine_observation import engine_observation
 from stages.envs.tasksets import check_options, check_task_types

@@ -594,7 +594,7 @@ def make_household(
     max_turns: int = 50, invalid_penalty: float = -0.1, data: str = "", **options: Any
 ) -> HouseholdEnv:
     """Factory for the registry (``data`` is unused: the world is generated)."""
-    from graft_cli.errors import GraftError
+    from schemas.errors import GraftError
 
     opts = check_options(ENV_NAME, options, DEFAULTS)
     check_task_types(ENV_NAME, opts["task_types"], TASK_TYPES)

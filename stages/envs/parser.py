@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _TAGS = {

@@ -20,7 +20,7 @@ Search (Fig. 13) shows the whole interaction: each past action as ``<search> q <
 
 from __future__ import annotations
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 STYLES = ("alfworld", "webshop", "search")
 

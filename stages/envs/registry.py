@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.base import Environment
 
 # name -> "module:factory"; imported lazily so optional packages (alfworld, textworld) stay optional.

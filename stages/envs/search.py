@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.base import Observation, Task, Transition
 from stages.envs.tasksets import build_task_list, check_options
 

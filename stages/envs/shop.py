@@ -460,7 +460,7 @@ class ShopEnv:
 
 def make_shop(max_turns: int = 15, invalid_penalty: float = -0.1, data: str = "", **options: Any) -> ShopEnv:
     """Factory for the registry (``data`` is unused: the catalog is generated)."""
-    from graft_cli.errors import GraftError
+    from schemas.errors import GraftError
 
     opts = check_options(ENV_NAME, options, DEFAULTS)
     if not (opts["types"] >= 1 and opts["products_per_type"] >= 1 and opts["page_size"] >= 1):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.base import Task
 
 SPLITS = ("train", "eval")

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.base import Observation, Task, Transition
 from stages.envs.engine_observation import engine_observation
 from stages.envs.tasksets import build_task_list, check_options, content_digest

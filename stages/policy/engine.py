@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 # Closing tags that end a turn of the paper's prompts (Fig. 11-13).
 STOP_STRINGS = ("</action>", "</answer>", "</search>")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 
 def check_model_dir(path: str | Path) -> Path:

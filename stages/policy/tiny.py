@@ -23,8 +23,8 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from graft_cli.errors import GraftError
-from graft_cli.rundir import atomic_dir, commit_dir
+from schemas.errors import GraftError
+from schemas.rundir import atomic_dir, commit_dir
 from stages.envs.base import Environment, Episode
 from stages.policy.tokenizer import build_word_tokenizer
 

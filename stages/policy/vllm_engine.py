@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.policy.engine import STOP_STRINGS, EngineOptions, Generation, check_seeds
 from stages.policy.models import check_model_dir, load_tokenizer
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 from stages.envs.base import Environment, Episode, StepRecord, Task
 from stages.policy.engine import STOP_STRINGS, PolicyEngine
 from stages.policy.sampling import choice_log_probs, derive_rng, derive_seed, sample_index

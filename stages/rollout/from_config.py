@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graft_cli.config import Config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.rundir import Run
 from stages.envs.base import Environment, Task
 from stages.policy.engine import EngineOptions, PolicyEngine
 from stages.policy.sampling import derive_rng

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import polars as pl
 
-from graft_cli.config import Config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run
 from schemas import validate_steps, write_table
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.rundir import Run
 from stages.envs.base import Environment, Task
 from stages.policy.engine import PolicyEngine
 from stages.rollout.collect import ProgressHook, collect_episodes

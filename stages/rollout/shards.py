@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from graft_cli.config import Config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run
 from schemas import read_table, validate_steps, write_table
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.rundir import Run
 from stages.rollout.from_config import make_environment
 from stages.rollout.metrics import rollout_metrics
 

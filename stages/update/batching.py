@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 KEYS = ("group_id", "traj_id", "step")
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from graft_cli.errors import GraftError
-from graft_cli.rundir import CHECKPOINT_MARKER, atomic_dir, atomic_write_text, commit_dir
+from schemas.errors import GraftError
+from schemas.rundir import CHECKPOINT_MARKER, atomic_dir, atomic_write_text, commit_dir
 
 TRAINER_STATE_DIR = "trainer_state"
 OPTIMIZER_FILE = "optimizer.safetensors"

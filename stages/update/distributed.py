@@ -10,14 +10,8 @@ count): the averaged gradient then equals the one-process gradient of the same m
 (``torch.distributed.fsdp.fully_shard``, one unit per decoder layer plus the root) for models that do
 not fit one device; ``"ddp"`` (default) replicates the model.
 
-Commands (the run directory must be on a filesystem every node sees; rank 0 writes)::
-
-    torchrun --nproc_per_node 8 -m graft_cli update RUN --iter I                  # one node, DDP
-    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \
-        -m graft_cli update RUN --iter I --set update.parallel=fsdp               # two nodes, FSDP2
-
-(``-m graft_cli`` rather than the ``graft`` script: torchrun runs a Python file, and a pyenv shim
-is a shell script.)
+The ``torchrun`` commands for one node (DDP) and several nodes (FSDP2) are in docs/scaling.md; the
+run directory must be on a filesystem every node sees, and rank 0 writes.
 """
 
 from __future__ import annotations
@@ -79,7 +73,7 @@ class DistContext:
 def _pick_device(preference: str, local_rank: int) -> torch.device:
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            from graft_cli.errors import GraftError
+            from schemas.errors import GraftError
 
             raise GraftError("run.device = 'cuda' but torch sees no CUDA device")
         return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))

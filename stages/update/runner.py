@@ -27,10 +27,10 @@ import numpy as np
 import polars as pl
 import torch
 
-from graft_cli.config import Config
-from graft_cli.errors import GraftError
-from graft_cli.rundir import Run
 from schemas import read_table, write_table
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.rundir import Run
 from stages.policy.sampling import derive_rng
 from stages.update.batching import KEYS, UpdateRows, build_update_rows, join_steps_advantages
 from stages.update.checkpoint import (

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from graft_cli.config import UpdateConfig
+from schemas.config import UpdateConfig
 from stages.update.batching import MicroBatch, UpdateRows, minibatch_schedule, pack_microbatches, shard
 from stages.update.distributed import DistContext, accumulate, reshard
 from stages.update.logprobs import (

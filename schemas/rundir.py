@@ -19,9 +19,9 @@ from pathlib import Path
 
 import polars as pl
 
-from graft_cli.config import Config, load_config
-from graft_cli.errors import GraftError
 from schemas import read_table, write_table
+from schemas.config import Config, load_config
+from schemas.errors import GraftError
 from schemas.io import publish_mode
 
 # Outputs of each stage, relative to iter_NNNN/ ("checkpoint" = checkpoints/iter_NNNN).

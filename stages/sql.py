@@ -24,8 +24,8 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from graft_cli.errors import GraftError
 from schemas.definitions import TABLES
+from schemas.errors import GraftError
 
 # View name -> file name pattern inside an iteration directory (metrics: one file per stage).
 VIEW_FILES: dict[str, str] = {name: f"{name}.parquet" for name in TABLES} | {"metrics": "metrics*.parquet"}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from graft_cli.errors import GraftError
+from schemas.errors import GraftError
 
 
 @dataclass
