@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 
 from schemas.errors import GraftError
 
-COMMAND_MODULES = ("foundation", "credit", "envs", "rollout", "update", "loop")
+COMMAND_MODULES = ("foundation", "credit", "envs", "warmstart", "rollout", "update", "loop")
 
 
 class _GraftGroup(TyperGroup):

@@ -8,6 +8,7 @@ to a plain string). ``Config.to_toml()`` writes the resolved config a run is pin
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -139,6 +140,22 @@ class EvalConfig:
 
 
 @dataclass
+class SftConfig:
+    """Warm start before iteration 0 (SPEC §6): behaviour cloning of expert demos (``graft sft``).
+
+    When enabled, its checkpoint (``<run>/sft/model``) is the run's initial policy and KL reference.
+    """
+
+    enabled: bool = False
+    episodes: int = 64  # expert episodes, round-robin over the split's task set
+    noise: float = 0.0  # probability that a demo turn takes a random admissible action instead
+    split: Literal["train", "eval"] = "train"  # task set the demos are played on
+    epochs: int = 2
+    lr: float = 3e-3
+    batch_size: int = 32  # demo rows per optimizer step
+
+
+@dataclass
 class Config:
     """The whole run configuration."""
 
@@ -151,6 +168,7 @@ class Config:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     update: UpdateConfig = field(default_factory=UpdateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -277,6 +295,11 @@ def _check_ranges(config: Config, source: str) -> None:
         (config.env.max_turns >= 1, "env.max_turns must be >= 1"),
         (config.update.clip_low >= 0 and config.update.clip_high >= 0, "update.clip_* must be >= 0"),
         (config.update.lr >= 0, "update.lr must be >= 0"),
+        (config.sft.episodes >= 1, "sft.episodes must be >= 1"),
+        (0.0 <= config.sft.noise <= 1.0, "sft.noise must be in [0, 1]"),
+        (config.sft.epochs >= 1, "sft.epochs must be >= 1"),
+        (math.isfinite(config.sft.lr) and config.sft.lr > 0, "sft.lr must be finite and > 0"),
+        (config.sft.batch_size >= 1, "sft.batch_size must be >= 1"),
     ]
     for ok, message in checks:
         if not ok:

@@ -62,7 +62,30 @@ class Run:
 
     @property
     def initial_model_dir(self) -> Path:
+        """The tiny model a run builds for itself when ``model.path`` is empty."""
         return self.root / "model"
+
+    @property
+    def sft_dir(self) -> Path:
+        """The warm start's outputs (demos, losses, checkpoint)."""
+        return self.root / "sft"
+
+    @property
+    def sft_model_dir(self) -> Path:
+        return self.sft_dir / "model"
+
+    @property
+    def demos_path(self) -> Path:
+        return self.sft_dir / "demos" / "steps.parquet"
+
+    def base_model_dir(self, config: Config) -> Path:
+        """The model the run starts from before any warm start: ``model.path`` or its own tiny model."""
+        return Path(config.model.path) if config.model.path else self.initial_model_dir
+
+    def initial_policy_dir(self, config: Config) -> Path:
+        """The policy of iteration 0 and the frozen KL reference: the warm start's checkpoint when
+        ``sft.enabled``, else the base model."""
+        return self.sft_model_dir if config.sft.enabled else self.base_model_dir(config)
 
     def iterations(self) -> list[int]:
         """Iterations that have a directory, ascending."""

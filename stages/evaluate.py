@@ -88,9 +88,7 @@ def eval_seed(run_seed: int, iteration: int) -> int:
 def policy_dir(run: Run, iteration: int, config: Config) -> Path:
     """The model an evaluation of ``iteration`` loads: checkpoint i, or the initial model for -1."""
     if iteration < 0:
-        if config.model.path:
-            return Path(config.model.path)
-        return run.initial_model_dir
+        return run.initial_policy_dir(config)
     path = run.checkpoint_dir(iteration)
     if not checkpoint_complete(path):
         raise GraftError(f"{path}: no complete checkpoint for iteration {iteration}")

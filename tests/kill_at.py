@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from typing import Any
 from unittest import mock
 
 from schemas.config import Config
@@ -20,22 +21,23 @@ from schemas.rundir import Run
 from stages.loop import STAGE_RUNNERS, StageRunner
 
 
-def _kill_on_replace(runner: StageRunner, nth: int, match: str) -> StageRunner:
+def killing(fn: Callable[..., Any], nth: int = 1, match: str = "") -> Callable[..., Any]:
+    """``fn`` that SIGKILLs the process at its n-th ``os.replace`` whose destination contains ``match``."""
     original = os.replace
 
-    def wrapped(run: Run, iteration: int, config: Config) -> None:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
         count = 0
 
-        def replace(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def replace(src, dst, *a, **kw):  # type: ignore[no-untyped-def]
             nonlocal count
             if match in str(dst):
                 count += 1
                 if count >= nth:
                     os.kill(os.getpid(), signal.SIGKILL)
-            return original(src, dst, *args, **kwargs)
+            return original(src, dst, *a, **kw)
 
         with mock.patch("os.replace", replace):
-            runner(run, iteration, config)
+            return fn(*args, **kwargs)
 
     return wrapped
 
@@ -50,7 +52,7 @@ def killing_runners(spec: str) -> dict[str, StageRunner]:
         nth, match = (int(parts[2]), "") if parts[2].isdigit() else (1, parts[2])
     runners = dict(STAGE_RUNNERS)
     plain = runners[stage]
-    killer = _kill_on_replace(plain, nth, match)
+    killer = killing(plain, nth, match)
 
     def dispatch(run: Run, iteration: int, config: Config) -> None:
         chosen: Callable[[Run, int, Config], None] = (

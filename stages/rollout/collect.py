@@ -78,6 +78,34 @@ def _progress_hook(progress: bool | ProgressHook | None, total: int, label: str)
     return hook, bar.stop
 
 
+def model_inputs(
+    tokenizer: Any, chat: bool, prompts: Sequence[str], max_prompt_tokens: int, suffix: str = ""
+) -> tuple[list[str], list[list[int]], int]:
+    """The model input of each rendered prompt: (texts, token ids, how many were cut).
+
+    A chat model gets its chat template around the prompt (the template writes its own special
+    tokens); a raw prompt is tokenized as is. ``suffix`` follows the prompt (choose mode's action
+    tag). A prompt longer than ``max_prompt_tokens`` keeps its end: the current state and the
+    instructions. The rollout and the warm start (``stages.sft``) both build inputs here, so the
+    policy is trained on exactly what it later reads.
+    """
+    texts = []
+    for text in prompts:
+        if chat:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+        texts.append(text + suffix)
+    ids = [list(x) for x in tokenizer(texts, add_special_tokens=not chat)["input_ids"]]
+    truncated = 0
+    for i, seq in enumerate(ids):
+        if len(seq) > max_prompt_tokens:
+            truncated += 1
+            ids[i] = seq[len(seq) - max_prompt_tokens :]
+            texts[i] = tokenizer.decode(ids[i])
+    return texts, ids, truncated
+
+
 class _Renderer:
     """Builds the model input of a turn and tokenizes it."""
 
@@ -111,21 +139,11 @@ class _Renderer:
                 step_count=ep.turn,
                 history_length=self.history_length,
             )
-            if self.chat:
-                text = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-                )
-            if self.mode == "choose":
-                text += CHOOSE_PREFIX
             texts.append(text)
-        # a chat template writes its own special tokens; a raw prompt is tokenized as is
-        ids = self.tokenizer(texts, add_special_tokens=not self.chat)["input_ids"]
-        for i, seq in enumerate(ids):
-            if len(seq) > self.max_prompt_tokens:  # keep the end: the current state and the instructions
-                self.truncated += 1
-                ids[i] = seq[len(seq) - self.max_prompt_tokens :]
-                texts[i] = self.tokenizer.decode(ids[i])
-        return texts, [list(x) for x in ids]
+        suffix = CHOOSE_PREFIX if self.mode == "choose" else ""
+        texts, ids, truncated = model_inputs(self.tokenizer, self.chat, texts, self.max_prompt_tokens, suffix)
+        self.truncated += truncated
+        return texts, ids
 
     def choice_ids(self, choices: Sequence[str]) -> list[list[int]]:
         new = [c for c in dict.fromkeys(choices) if c not in self._choice_ids]

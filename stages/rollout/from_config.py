@@ -60,15 +60,21 @@ def make_environment(config: Config) -> Environment:
 
 
 def ensure_initial_model(run: Run, config: Config) -> Path:
-    """The initial (reference) policy: ``model.path``, or the tiny model built once into ``run/model``."""
+    """The initial (reference) policy, made once: ``model.path`` or the tiny model built into
+    ``run/model``, then — when ``sft.enabled`` — the warm start cloned from it into ``run/sft/model``."""
     from stages.policy.models import check_model_dir
 
     if config.model.path:
-        return check_model_dir(config.model.path)
-    target = run.initial_model_dir
-    if not (target / "config.json").is_file():  # the directory is renamed into place complete
-        build_tiny_for_config(target, config)
-    return target
+        base = check_model_dir(config.model.path)
+    else:
+        base = run.initial_model_dir
+        if not (base / "config.json").is_file():  # the directory is renamed into place complete
+            build_tiny_for_config(base, config)
+    if not config.sft.enabled:
+        return base
+    from stages.sft import run_sft
+
+    return run_sft(run, config, base)
 
 
 def build_tiny_for_config(out: Path, config: Config) -> Path:

@@ -53,8 +53,9 @@ def update_rng(seed: int, iteration: int, purpose: str = "update") -> np.random.
 
 
 def reference_dir(run: Run, config: Config) -> Path:
-    """The frozen reference (the initial model): ``model.path`` or the run's own tiny model."""
-    return Path(config.model.path) if config.model.path else run.initial_model_dir
+    """The frozen reference: the initial policy (the warm start's checkpoint, ``model.path`` or the
+    run's own tiny model)."""
+    return run.initial_policy_dir(config)
 
 
 def policy_dir(run: Run, iteration: int, config: Config) -> Path:

@@ -1,0 +1,86 @@
+"""Warm-start commands (SPEC §6): ``graft demos`` (expert play into a steps table) and ``graft sft``
+(behaviour cloning of the demos: the run's initial policy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def demos(
+    env_name: str = typer.Argument(
+        ..., metavar="ENV", help="Environment with an expert (household, shop, ...)."
+    ),
+    out: Path = typer.Option(..., "-o", "--out", help="Output directory; DIR/steps.parquet is written."),
+    episodes: int = typer.Option(64, "--episodes", help="Expert episodes, round-robin over the task set."),
+    noise: float = typer.Option(
+        0.0, "--noise", help="Probability that a turn takes a random admissible action instead."
+    ),
+    split: str = typer.Option("train", "--split", help="Task set: train | eval."),
+    seed: int = typer.Option(0, "--seed", help="Task-set and noise seed."),
+    config: Path = typer.Option(None, "--config", help="Run config (TOML) whose [env] section to use."),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Config override KEY=VALUE, e.g. --set env.options.receptacles=8 (repeatable)."
+    ),
+) -> None:
+    """Play the scripted expert into DIR/steps.parquet (valid input for graft advantage and graft sft)."""
+    from schemas import write_table
+    from schemas.config import load_config
+    from schemas.errors import GraftError
+    from stages.demos import demo_summary, expert_demos
+    from stages.rollout.from_config import make_environment
+
+    if split not in ("train", "eval"):
+        raise GraftError(f"--split {split!r}: expected train or eval")
+    cfg = load_config(config, [f"env.name={env_name}", f"run.seed={seed}", *overrides])
+    env = make_environment(cfg)
+    count = cfg.env.train_tasks if split == "train" else cfg.env.eval_tasks
+    steps = expert_demos(
+        env,
+        env.tasks(split, count, cfg.run.seed),
+        episodes,
+        noise=noise,
+        seed=cfg.run.seed,
+        history_length=cfg.rollout.history,
+    )
+    path = write_table(steps, "steps", out / "steps.parquet")
+    summary = demo_summary(steps, float(env.success_outcome))
+    typer.echo(
+        f"{int(summary['episodes'])} episodes, {steps.height} steps, success {summary['success_rate']:.3f}, "
+        f"mean turns {summary['mean_turns']:.2f} -> {path}"
+    )
+
+
+def sft(
+    run_dir: Path = typer.Argument(..., help="Run directory (holds config.toml with sft.enabled = true)."),
+) -> None:
+    """Run the warm start of a run: demos, behaviour cloning, the initial-policy checkpoint."""
+    import polars as pl
+
+    from schemas import read_table
+    from schemas.errors import GraftError
+    from schemas.rundir import open_run
+    from stages.rollout import ensure_initial_model
+
+    run = open_run(run_dir)
+    config = run.load_config()
+    if not config.sft.enabled:
+        raise GraftError(
+            f"{run.config_path}: sft.enabled is false, so no stage would use a warm start; start the run "
+            "with --set sft.enabled=true (or an [sft] section with enabled = true)"
+        )
+    path = ensure_initial_model(run, config)
+    rows = read_table(run.sft_dir / "metrics_sft.parquet", "metrics").filter(pl.col("task_type").is_null())
+    values = dict(zip(rows["name"].to_list(), rows["value"].to_list(), strict=True))
+    typer.echo(
+        f"sft: {int(values['rows'])} demo rows (demo success {values['demo_success_rate']:.3f}), "
+        f"{int(values['optimizer_steps'])} steps, loss {values['loss_first']:.3f} -> {values['loss_last']:.3f} "
+        f"-> {path}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the graft app."""
+    app.command("demos")(demos)
+    app.command("sft")(sft)

@@ -1,0 +1,184 @@
+"""Expert demonstrations (SPEC §6 warm start): the scripted expert plays an environment into a steps table.
+
+``expert_demos(env, tasks, episodes, noise=P, seed=S)`` plays ``episodes`` episodes round-robin over
+``tasks``; at every turn the expert's action is replaced, with probability ``P``, by a uniformly drawn
+admissible action (so demos are diverse and some fail). Each task is one group and each of its
+episodes one trajectory, so the table is a valid input for the credit stages too (an off-policy
+group of N rollouts). Rows carry the paper's prompt (``prompt``, the raw template text the rollout
+renders for the same state) and the response in the paper's format (``response``); token columns
+stay null because the demos belong to no model — ``graft sft`` tokenizes them with the policy's
+tokenizer.
+
+The response is ``<think>{think}</think><action>{action}</action>`` (search: ``<search> q
+</search>`` / ``<answer> a </answer>`` instead of the action tag). ``think`` is a fixed template
+naming the kind of step the action is (its first word, e.g. ``go``, ``take``, ``heat``; ``search`` /
+``answer`` for search). Why a template and not a free-text plan: the tiny policy only has to learn
+the format and a policy; every thinking token is generated and trained at every turn of every
+episode, so one word keeps the paper's two-part response at the lowest cost, and an environment
+needs nothing beyond ``expert_action()`` to get demos.
+
+Randomness: episode ``k``'s noise stream is ``(seed, "demos", k)``: the same arguments give the same
+table, whatever else ran before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import polars as pl
+
+from schemas.errors import GraftError
+from stages.envs.base import Environment, Episode, Task
+from stages.policy.sampling import derive_rng
+
+EXPERT_VERSION = "expert"
+
+
+def think_text(style: str, action: str) -> str:
+    """The warm start's thinking text for ``action``: the kind of step it is (see the module docstring)."""
+    if style == "search":
+        return action.split(":", 1)[0].strip()
+    return action.split(" ", 1)[0]
+
+
+def demo_response(style: str, action: str) -> str:
+    """``action`` written in the paper's response format for prompt ``style``."""
+    think = f"<think>{think_text(style, action)}</think>"
+    if style == "search":
+        from stages.envs.prompts import search_action_markup
+
+        return think + search_action_markup(action)
+    return f"{think}<action>{action}</action>"
+
+
+def _prompt(env: Environment, episode: Episode, history_length: int, prompt_fn: Callable[..., str]) -> str:
+    obs = episode.current
+    return prompt_fn(
+        env.prompt_style,
+        task_text=obs.task_text,
+        observation=obs.text,
+        admissible=list(obs.admissible),
+        history=list(episode.history),
+        step_count=episode.turn,
+        history_length=history_length,
+    )
+
+
+def expert_demos(
+    env: Environment,
+    tasks: Sequence[Task],
+    episodes: int,
+    *,
+    noise: float = 0.0,
+    seed: int = 0,
+    history_length: int = 2,
+    prompt_fn: Callable[..., str] | None = None,
+) -> pl.DataFrame:
+    """Play ``episodes`` expert episodes (round-robin over ``tasks``) into steps rows (SPEC §3).
+
+    ``noise``: probability that a turn's expert action is replaced by a uniformly random admissible
+    action (also used when the expert has no action). Group ``d-gNNN`` = task ``NNN`` of ``tasks``;
+    trajectory ``d-gNNN-rK`` = its K-th episode.
+    """
+    if not tasks:
+        raise GraftError("demos: the task list is empty")
+    if episodes < 1:
+        raise GraftError(f"demos: episodes must be >= 1, got {episodes}")
+    if not 0.0 <= noise <= 1.0:
+        raise GraftError(f"demos: noise must be in [0, 1], got {noise}")
+    if prompt_fn is None:
+        from stages.envs.prompts import build_prompt as prompt_fn
+    style = env.prompt_style
+    group_digits = max(2, len(str(len(tasks) - 1)))
+    per_task = -(-episodes // len(tasks))
+    rollout_digits = len(str(per_task - 1))
+    version = EXPERT_VERSION if noise == 0 else f"{EXPERT_VERSION}+noise{noise:g}"
+    columns: dict[str, list[Any]] = {name: [] for name in DEMO_SCHEMA}
+    for k in range(episodes):
+        task_index, rollout = k % len(tasks), k // len(tasks)
+        task = tasks[task_index]
+        rng = derive_rng(seed, "demos", k)
+        episode = Episode(env, task)
+        group_id = f"d-g{task_index:0{group_digits}d}"
+        traj_id = f"{group_id}-r{rollout:0{rollout_digits}d}"
+        rows: list[dict[str, Any]] = []
+        while not episode.done:
+            prompt = _prompt(env, episode, history_length, prompt_fn)
+            admissible = episode.current.admissible
+            action = episode.game.expert_action()
+            # draw every turn so the stream does not depend on whether the expert had an action
+            explore = rng.random() < noise
+            if (explore or action is None) and admissible:
+                action = admissible[int(rng.integers(len(admissible)))]
+            if action is None:
+                raise GraftError(
+                    f"demos: the {env.name} expert has no action in task {task.task_id} and the "
+                    "environment lists no admissible actions"
+                )
+            record = episode.act(action)
+            rows.append(
+                {
+                    "step": len(rows),
+                    "state": record.state,
+                    "next_state": record.next_state,
+                    "observation": record.observation,
+                    "action": record.action,
+                    "valid": record.valid,
+                    "reward": float(record.reward),
+                    "done": record.done,
+                    "terminated": record.terminated,
+                    "truncated": record.truncated,
+                    "prompt": prompt,
+                    "response": demo_response(style, action),
+                    "error": record.error,
+                }
+            )
+        for row in rows:
+            for name, value in row.items():
+                columns[name].append(value)
+            columns["iter"].append(0)
+            columns["group_id"].append(group_id)
+            columns["task_id"].append(task.task_id)
+            columns["task_type"].append(task.task_type)
+            columns["traj_id"].append(traj_id)
+            columns["outcome"].append(float(episode.outcome))
+            columns["policy_version"].append(version)
+    frame = pl.DataFrame(columns, schema=DEMO_SCHEMA)
+    return frame.sort(["group_id", "traj_id", "step"], maintain_order=True)
+
+
+DEMO_SCHEMA = {
+    "iter": pl.Int32,
+    "group_id": pl.String,
+    "task_id": pl.String,
+    "task_type": pl.String,
+    "traj_id": pl.String,
+    "step": pl.Int32,
+    "state": pl.String,
+    "next_state": pl.String,
+    "observation": pl.String,
+    "action": pl.String,
+    "valid": pl.Boolean,
+    "reward": pl.Float64,
+    "outcome": pl.Float64,
+    "done": pl.Boolean,
+    "terminated": pl.Boolean,
+    "truncated": pl.Boolean,
+    "prompt": pl.String,
+    "response": pl.String,
+    "policy_version": pl.String,
+    "error": pl.String,
+}
+
+
+def demo_summary(steps: pl.DataFrame, success_outcome: float) -> dict[str, float]:
+    """Episodes, success rate and mean turns of a demos table."""
+    ends = steps.filter(pl.col("done"))
+    if ends.height == 0:
+        return {"episodes": 0.0, "success_rate": 0.0, "mean_turns": 0.0}
+    return {
+        "episodes": float(ends.height),
+        "success_rate": float((ends["outcome"] >= success_outcome).mean()),
+        "mean_turns": float((ends["step"] + 1).mean()),
+    }

@@ -1,0 +1,263 @@
+"""Warm start (SPEC §6): behaviour cloning of expert demos, the CPU analogue of an instruct model.
+
+The paper's policy starts as an instruct model that already writes ``<think>…</think><action>…</action>``;
+the tiny random model writes nothing parseable. The warm start clones the scripted expert (optionally
+ε-noisy, ``stages.demos``) so that generate-mode RL starts with a low invalid rate and partial
+success:
+
+    loss(θ) = − (1 / Σ_rows |y_row|) Σ_rows Σ_{j} log π_θ(y_row,j | x_row, y_row,<j)
+
+x = the model input of the demo's prompt, built exactly as the rollout builds it
+(``stages.rollout.collect.model_inputs``), y = the tokens of the demo response; the prompt tokens
+carry no loss (token-mean over the response tokens of a minibatch). AdamW, gradient clipping,
+minibatches of whole rows in a seeded order (seed ``(run.seed, "sft")``), ``sft.epochs`` passes.
+
+Run layout: ``<run>/sft/demos/steps.parquet`` (the demos), ``<run>/sft/update.parquet`` (table
+``update``, iter -1: the loss of every optimizer step), ``<run>/sft/metrics_sft.parquet`` (table
+``metrics``: demo success, steps, first and last loss) and ``<run>/sft/model/`` (the checkpoint: the
+run's initial policy and KL reference). The stage is complete when the checkpoint is; a warm start
+killed midway is redone from the start, which gives identical weights (CPU, same seed and threads).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from schemas import read_table, write_table
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.rundir import Run, checkpoint_complete
+from stages.demos import demo_summary, expert_demos
+from stages.policy.sampling import derive_rng
+
+SFT_ITER = -1  # the warm start runs before iteration 0
+IGNORE = -100  # label of tokens that carry no loss (Hugging Face's convention)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One demo turn as token ids: the model input and the response to clone."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+
+def sft_examples(
+    steps: pl.DataFrame, tokenizer, chat: bool, max_prompt_tokens: int
+) -> tuple[list[Example], int]:
+    """The (input, response) token ids of every demo row, and how many prompts were cut."""
+    from stages.rollout.collect import model_inputs
+
+    if steps.height == 0:
+        raise GraftError("sft: the demos table has no rows")
+    if steps["prompt"].null_count() or steps["response"].null_count():
+        raise GraftError("sft: every demos row needs a prompt and a response (write them with graft demos)")
+    _, prompt_ids, cut = model_inputs(tokenizer, chat, steps["prompt"].to_list(), max_prompt_tokens)
+    response_ids = tokenizer(steps["response"].to_list(), add_special_tokens=False)["input_ids"]
+    examples = [Example(p, list(r)) for p, r in zip(prompt_ids, response_ids, strict=True)]
+    return examples, cut
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded input ids, attention mask and labels (``IGNORE`` on prompt and padding) [B, L]."""
+    width = max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, e in enumerate(examples):
+        n_prompt, n = len(e.prompt_ids), len(e.prompt_ids) + len(e.response_ids)
+        ids[i, :n] = torch.tensor(e.prompt_ids + e.response_ids)
+        labels[i, n_prompt:n] = torch.tensor(e.response_ids)
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def response_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Token-mean cross-entropy of the response tokens (the module docstring's loss), a scalar."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    # position t predicts token t + 1
+    shifted_logits = logits[:, :-1].float()
+    shifted_labels = batch["labels"][:, 1:]
+    return torch.nn.functional.cross_entropy(
+        shifted_logits.reshape(-1, shifted_logits.shape[-1]), shifted_labels.reshape(-1), ignore_index=IGNORE
+    )
+
+
+def minibatch_order(n: int, batch_size: int, epochs: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Row indices of every optimizer step: ``epochs`` seeded permutations cut into minibatches."""
+    batches = []
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        batches += [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    return batches
+
+
+def train_sft(
+    model: torch.nn.Module,
+    examples: Sequence[Example],
+    pad_id: int,
+    *,
+    lr: float,
+    epochs: int,
+    batch_size: int,
+    rng: np.random.Generator,
+    grad_clip: float = 1.0,
+    on_step: Callable[[int, int, float], None] | None = None,
+) -> list[float]:
+    """Clone ``examples`` into ``model`` (in place); return the loss of every optimizer step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = minibatch_order(len(examples), batch_size, epochs, rng)
+    model.train()
+    losses = []
+    for step, rows in enumerate(schedule):
+        loss = response_loss(model, collate([examples[i] for i in rows], pad_id))
+        if not torch.isfinite(loss):
+            raise GraftError(f"sft: the loss became {loss.item()} at step {step} (lower sft.lr)")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        losses.append(float(loss.item()))
+        if on_step is not None:
+            on_step(step + 1, len(schedule), losses[-1])
+    model.eval()
+    return losses
+
+
+def _progress(label: str) -> tuple[Callable[[int, int, float], None], Callable[[], None]]:
+    """A rich progress bar with the loss and an ETA on a terminal; nothing elsewhere."""
+    if not sys.stderr.isatty():
+        return (lambda step, total, loss: None), lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = bar.add_task(label, total=None)
+    bar.start()
+
+    def hook(step: int, total: int, loss: float) -> None:
+        bar.update(task, completed=step, total=total, description=f"{label} loss {loss:.3f}")
+
+    return hook, bar.stop
+
+
+# ---------------------------------------------------------------------------------------------
+# the stage
+
+
+def demos_for_config(config: Config) -> pl.DataFrame:
+    """The warm start's demos: ``sft.episodes`` expert episodes over the ``sft.split`` task set of the
+    run's environment (the same task set the loop draws from), ``sft.noise``-noisy, seeded by run.seed."""
+    from stages.rollout.from_config import make_environment
+
+    env = make_environment(config)
+    count = config.env.train_tasks if config.sft.split == "train" else config.env.eval_tasks
+    tasks = env.tasks(config.sft.split, count, config.run.seed)
+    return expert_demos(
+        env,
+        tasks,
+        config.sft.episodes,
+        noise=config.sft.noise,
+        seed=config.run.seed,
+        history_length=config.rollout.history,
+    )
+
+
+def sft_update_table(losses: Sequence[float], steps_per_epoch: int) -> pl.DataFrame:
+    n = len(losses)
+    return pl.DataFrame(
+        {
+            "iter": pl.Series([SFT_ITER] * n, dtype=pl.Int32),
+            "epoch": pl.Series([i // steps_per_epoch for i in range(n)], dtype=pl.Int32),
+            "minibatch": pl.Series([i % steps_per_epoch for i in range(n)], dtype=pl.Int32),
+            "name": ["loss"] * n,
+            "value": [float(x) for x in losses],
+        }
+    )
+
+
+def sft_metrics(summary: dict[str, float]) -> pl.DataFrame:
+    names = sorted(summary)
+    return pl.DataFrame(
+        {
+            "iter": pl.Series([SFT_ITER] * len(names), dtype=pl.Int32),
+            "stage": ["sft"] * len(names),
+            "name": names,
+            "value": [float(summary[k]) for k in names],
+            "task_type": pl.Series([None] * len(names), dtype=pl.String),
+        }
+    )
+
+
+def run_sft(run: Run, config: Config, base_model: Path) -> Path:
+    """Write the warm start of ``run`` (demos, losses, checkpoint) from ``base_model``; return the
+    checkpoint. Finished parts are kept: existing demos are reused, a complete checkpoint returned."""
+    from stages.policy.models import prompt_format
+    from stages.update.checkpoint import load_model, load_tokenizer, save_checkpoint
+
+    target = run.sft_model_dir
+    if checkpoint_complete(target):
+        return target
+    sft = config.sft
+    start = time.perf_counter()
+    demos_path = run.demos_path
+    if demos_path.is_file():
+        demos = read_table(demos_path, "steps")
+    else:
+        demos = demos_for_config(config)
+        write_table(demos, "steps", demos_path)
+    torch.set_num_threads(max(1, config.run.torch_threads))
+    model = load_model(base_model, config.model.trust_remote_code)
+    tokenizer = load_tokenizer(base_model, config.model.trust_remote_code)
+    chat = prompt_format(model, tokenizer, config.model.prompt_format) == "chat"
+    examples, cut = sft_examples(demos, tokenizer, chat, config.rollout.max_prompt_tokens)
+    hook, close = _progress("sft")
+    try:
+        losses = train_sft(
+            model,
+            examples,
+            tokenizer.pad_token_id,
+            lr=sft.lr,
+            epochs=sft.epochs,
+            batch_size=sft.batch_size,
+            rng=derive_rng(config.run.seed, "sft"),
+            on_step=hook,
+        )
+    finally:
+        close()
+    summary = {
+        **{f"demo_{k}": v for k, v in demo_summary(demos, _success_outcome(config)).items()},
+        "rows": float(len(examples)),
+        "prompt_truncated": float(cut),
+        "response_tokens": float(sum(len(e.response_ids) for e in examples)),
+        "optimizer_steps": float(len(losses)),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "seconds_sft": time.perf_counter() - start,
+    }
+    steps_per_epoch = -(-len(examples) // sft.batch_size)
+    write_table(sft_update_table(losses, steps_per_epoch), "update", run.sft_dir / "update.parquet")
+    write_table(sft_metrics(summary), "metrics", run.sft_dir / "metrics_sft.parquet")
+    marker = {"stage": "sft", "base_model": str(base_model), "demos": str(demos_path), "rows": len(examples)}
+    return save_checkpoint(target, model, tokenizer, marker)
+
+
+def _success_outcome(config: Config) -> float:
+    from stages.rollout.from_config import make_environment
+
+    return float(make_environment(config).success_outcome)

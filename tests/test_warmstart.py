@@ -1,0 +1,318 @@
+"""Warm start (SPEC §6): expert demos (`graft demos`) and behaviour cloning (`graft sft`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from graft_cli.app import app
+from schemas import read_table, validate_steps
+from schemas.config import load_config
+from schemas.errors import GraftError
+from schemas.rundir import create_run, open_run
+from stages.demos import demo_summary, expert_demos
+from stages.envs.parser import parse_response
+from stages.envs.registry import make_env
+from stages.sft import Example, collate, minibatch_order, response_loss, sft_examples, train_sft
+
+HOUSEHOLD = {"shuffle": True, "receptacles": 6, "distractors": 2, "objects_per_type": 2, "info_actions": True}
+
+# a small warm start that a tiny model learns in seconds: one fixed room, one task type, no history
+TINY_SFT = [
+    "env.name=household",
+    "env.max_turns=8",
+    "env.train_tasks=4",
+    "env.eval_tasks=4",
+    'env.options={shuffle = false, receptacles = 3, distractors = 0, objects_per_type = 1, info_actions = false, task_types = ["pick_and_place_simple"]}',
+    "model.tiny_hidden=32",
+    "model.tiny_heads=2",
+    "sft.enabled=true",
+    "sft.episodes=16",
+    "sft.epochs=16",
+    "sft.lr=1e-2",
+    "sft.batch_size=16",
+    "rollout.mode=generate",
+    "rollout.groups=4",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=16",
+    "rollout.history=0",
+]
+
+
+def household(**options):
+    return make_env("household", max_turns=30, invalid_penalty=-0.1, **{**HOUSEHOLD, **options})
+
+
+# ---------------------------------------------------------------------------------------------
+# demos
+
+
+def test_noise_free_demos_are_valid_steps_the_expert_wins_and_the_format_parses_back() -> None:
+    env = household()
+    tasks = env.tasks("train", 6, 0)
+    demos = expert_demos(env, tasks, 12, seed=0)
+    validate_steps(demos)  # the steps contract (contiguous steps, one done row, next_state chain, ...)
+    summary = demo_summary(demos, env.success_outcome)
+    assert summary == {
+        "episodes": 12.0,
+        "success_rate": 1.0,
+        "mean_turns": pytest.approx(summary["mean_turns"]),
+    }
+    # one group per task, two trajectories each (round-robin), all rows valid
+    assert demos["group_id"].n_unique() == 6 and demos["traj_id"].n_unique() == 12
+    assert demos["valid"].all() and (demos["policy_version"] == "expert").all()
+    for response, action in zip(demos["response"], demos["action"], strict=True):
+        assert parse_response("alfworld", response) == action
+        assert response.startswith("<think>") and response.endswith("</action>")
+
+
+def test_demo_prompts_are_the_rollouts_prompts() -> None:
+    from stages.envs.base import Episode
+    from stages.envs.prompts import build_prompt
+
+    env = household()
+    task = env.tasks("train", 1, 3)[0]
+    demos = expert_demos(env, [task], 1, seed=0, history_length=2)
+    episode = Episode(env, task)
+    for row in demos.iter_rows(named=True):
+        obs = episode.current
+        expected = build_prompt(
+            "alfworld",
+            task_text=obs.task_text,
+            observation=obs.text,
+            admissible=list(obs.admissible),
+            history=list(episode.history),
+            step_count=episode.turn,
+            history_length=2,
+        )
+        assert row["prompt"] == expected
+        episode.act(row["action"])
+
+
+def test_noise_replaces_expert_actions_at_its_rate_and_is_deterministic() -> None:
+    env = household()
+    tasks = env.tasks("train", 8, 0)
+    a = expert_demos(env, tasks, 32, noise=0.4, seed=5)
+    assert a.equals(expert_demos(env, tasks, 32, noise=0.4, seed=5))
+    assert not a.equals(expert_demos(env, tasks, 32, noise=0.4, seed=6))
+    validate_steps(a)
+    # replay every trajectory and count the turns whose action differs from the expert's choice there
+    from stages.envs.base import Episode
+
+    by_id = {t.task_id: t for t in tasks}
+    differs = turns = 0
+    for _, traj in a.group_by("traj_id", maintain_order=True):
+        episode = Episode(env, by_id[traj["task_id"][0]])
+        for action in traj["action"]:
+            differs += action != episode.game.expert_action()
+            turns += 1
+            episode.act(action)
+    # P(differ) = 0.4 * (1 - 1/|admissible|) ~ 0.35; a random pick can equal the expert's action
+    assert 0.2 < differs / turns < 0.45
+    noisy = demo_summary(a, env.success_outcome)
+    clean = demo_summary(expert_demos(env, tasks, 32, seed=5), env.success_outcome)
+    assert noisy["mean_turns"] > clean["mean_turns"]
+    assert (a["policy_version"] == "expert+noise0.4").all()
+
+
+@pytest.mark.parametrize("name", ["shop", "search"])
+def test_demos_of_other_environments_validate_and_parse_back(name: str) -> None:
+    env = make_env(name)
+    demos = expert_demos(env, env.tasks("train", 4, 0), 4, noise=0.2, seed=0)
+    validate_steps(demos)
+    style = env.prompt_style
+    for response, action, valid in zip(demos["response"], demos["action"], demos["valid"], strict=True):
+        if valid:
+            assert parse_response(style, response) == action
+
+
+def test_demos_refuse_bad_arguments() -> None:
+    env = household()
+    tasks = env.tasks("train", 2, 0)
+    with pytest.raises(GraftError, match="noise must be in"):
+        expert_demos(env, tasks, 2, noise=1.5)
+    with pytest.raises(GraftError, match="episodes must be >= 1"):
+        expert_demos(env, tasks, 0)
+    with pytest.raises(GraftError, match="task list is empty"):
+        expert_demos(env, [], 2)
+
+
+def test_graft_demos_writes_steps_that_graft_advantage_accepts(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "demos"
+    args = ["demos", "household", "-o", str(out), "--episodes", "16", "--noise", "0.3", "--seed", "2"]
+    result = runner.invoke(app, [*args, "--set", "env.max_turns=20", "--set", "env.train_tasks=4"])
+    assert result.exit_code == 0, result.output
+    assert "16 episodes" in result.output
+    steps = read_table(out / "steps.parquet", "steps")
+    validate_steps(steps)
+    assert steps["group_id"].n_unique() == 4 and steps["traj_id"].n_unique() == 16
+    credit = tmp_path / "credit"
+    result = runner.invoke(app, ["advantage", str(out / "steps.parquet"), "-o", str(credit)])
+    assert result.exit_code == 0, result.output
+    advantages = read_table(credit / "advantages.parquet", "advantages")
+    assert advantages.height == steps.height and advantages["advantage"].is_finite().all()
+    bad = runner.invoke(app, ["demos", "household", "-o", str(out), "--split", "test"])
+    assert bad.exit_code == 2 and "--split" in bad.output
+
+
+# ---------------------------------------------------------------------------------------------
+# behaviour cloning
+
+
+def _tiny_model_and_tokenizer(tmp_path: Path):
+    from stages.policy.tiny import TinySpec, build_tiny_model
+    from stages.update.checkpoint import load_model, load_tokenizer
+
+    env = household(shuffle=False, receptacles=3, distractors=0, info_actions=False)
+    path = build_tiny_model(tmp_path / "m", env, spec=TinySpec(hidden=32, heads=2), tasks_per_split=8)
+    return env, load_model(path), load_tokenizer(path)
+
+
+def test_response_loss_is_the_mean_negative_log_likelihood_of_response_tokens_only(tmp_path: Path) -> None:
+    _, model, tokenizer = _tiny_model_and_tokenizer(tmp_path)
+    examples = [Example([5, 6, 7, 8], [9, 10]), Example([11, 12], [13, 14, 15])]
+    batch = collate(examples, tokenizer.pad_token_id)
+    with torch.no_grad():
+        loss = float(response_loss(model, batch))
+        # reference: each example alone, unpadded; sum of -log p over its response tokens
+        total, count = 0.0, 0
+        for e in examples:
+            ids = torch.tensor([e.prompt_ids + e.response_ids])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)
+            for j, token in enumerate(e.response_ids):
+                total -= float(logp[len(e.prompt_ids) + j - 1, token])
+                count += 1
+    assert loss == pytest.approx(total / count, rel=1e-5)
+
+
+def test_a_few_sft_steps_lower_the_response_loss(tmp_path: Path) -> None:
+    env, model, tokenizer = _tiny_model_and_tokenizer(tmp_path)
+    demos = expert_demos(env, env.tasks("train", 4, 0), 8, seed=0, history_length=0)
+    examples, cut = sft_examples(demos, tokenizer, chat=False, max_prompt_tokens=1024)
+    assert cut == 0 and len(examples) == demos.height
+    batch = collate(examples, tokenizer.pad_token_id)
+    with torch.no_grad():
+        before = float(response_loss(model, batch))
+    losses = train_sft(
+        model, examples, tokenizer.pad_token_id, lr=1e-2, epochs=3, batch_size=8, rng=np.random.default_rng(0)
+    )
+    with torch.no_grad():
+        after = float(response_loss(model, batch))
+    assert len(losses) == 3 * -(-len(examples) // 8)
+    assert after < 0.8 * before
+
+
+def test_minibatch_order_covers_every_row_once_per_epoch() -> None:
+    batches = minibatch_order(10, 4, 3, np.random.default_rng(1))
+    assert [len(b) for b in batches] == [4, 4, 2] * 3
+    for epoch in range(3):
+        assert sorted(np.concatenate(batches[3 * epoch : 3 * epoch + 3]).tolist()) == list(range(10))
+
+
+def test_sft_config_is_validated() -> None:
+    for key, value, message in [
+        ("sft.episodes", "0", "sft.episodes"),
+        ("sft.noise", "1.5", "sft.noise"),
+        ("sft.epochs", "0", "sft.epochs"),
+        ("sft.lr", "inf", "sft.lr"),
+        ("sft.split", '"test"', "sft.split"),
+    ]:
+        with pytest.raises(GraftError, match=message):
+            load_config(None, [f"{key}={value}"])
+
+
+@pytest.fixture(scope="module")
+def warm_run(tmp_path_factory) -> Path:
+    """A run whose warm start has finished (shared by the tests below)."""
+    from stages.rollout import ensure_initial_model
+
+    torch.set_num_threads(1)
+    config = load_config(None, TINY_SFT)
+    run = create_run(tmp_path_factory.mktemp("warm") / "run", config)
+    ensure_initial_model(run, config)
+    return run.root
+
+
+@pytest.mark.slow
+def test_after_a_short_warm_start_generate_mode_writes_valid_actions(warm_run: Path) -> None:
+    from stages.rollout.runner import rollout_iteration
+
+    run = open_run(warm_run)
+    # T = 0.4 (the paper's evaluation temperature): greedy decoding repeats an invalid action forever
+    # (the world does not advance), T = 1 samples too freely from a model this small
+    config = run.load_config(["rollout.temperature=0.4"])
+    assert run.initial_policy_dir(config) == run.sft_model_dir
+    losses = read_table(run.sft_dir / "update.parquet", "update")
+    assert losses["value"][-1] < 0.25 * losses["value"][0]
+    warm, _ = rollout_iteration(config, 0, run.sft_model_dir, "initial", progress=False)
+    cold, _ = rollout_iteration(config, 0, run.base_model_dir(config), "initial", progress=False)
+    assert cold["valid"].mean() < 0.05  # the random model writes nothing parseable
+    assert warm["valid"].mean() > 0.4
+    again, _ = rollout_iteration(config, 0, run.sft_model_dir, "initial", progress=False)
+    assert again.equals(warm)
+
+
+@pytest.mark.slow
+def test_the_warm_start_is_the_initial_policy_and_kl_reference(warm_run: Path) -> None:
+    from stages.evaluate import policy_dir
+    from stages.rollout import policy_for_iteration
+    from stages.update.runner import reference_dir
+
+    run = open_run(warm_run)
+    config = run.load_config()
+    assert policy_for_iteration(run, 0, config) == (run.sft_model_dir, "initial")
+    assert reference_dir(run, config) == run.sft_model_dir
+    assert policy_dir(run, -1, config) == run.sft_model_dir
+    plain = run.load_config(["sft.enabled=false"])
+    assert reference_dir(run, plain) == run.initial_model_dir
+
+
+def _killed_sft(run_dir: str) -> None:  # runs in a forkserver child
+    import os
+
+    from stages.rollout import ensure_initial_model
+    from tests.kill_at import killing
+
+    config = load_config(None, TINY_SFT)
+    # the kill lands when the finished checkpoint is about to be renamed into place
+    killing(ensure_initial_model, match="sft/model")(create_run(run_dir, config), config)
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_warm_start_killed_before_its_checkpoint_resumes_to_identical_weights(
+    warm_run: Path, tmp_path: Path
+) -> None:
+    import multiprocessing
+    import signal
+
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "killed"
+    ctx = multiprocessing.get_context("forkserver")
+    child = ctx.Process(target=_killed_sft, args=(str(run_dir),))
+    child.start()
+    child.join(300)
+    assert child.exitcode == -signal.SIGKILL
+    run = open_run(run_dir)
+    assert not (run.sft_model_dir / "config.json").exists() and any(run.sft_dir.glob(".*.tmp"))
+    result = CliRunner().invoke(app, ["sft", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert "loss" in result.output
+    want = load_file(str(open_run(warm_run).sft_model_dir / "model.safetensors"))
+    got = load_file(str(run.sft_model_dir / "model.safetensors"))
+    assert sorted(want) == sorted(got)
+    for key in want:
+        assert torch.equal(want[key], got[key]), key
+    assert read_table(run.demos_path, "steps").equals(read_table(open_run(warm_run).demos_path, "steps"))
+
+
+def test_graft_sft_refuses_a_run_without_a_warm_start(tmp_path: Path) -> None:
+    run = create_run(tmp_path / "r", load_config(None, ["sft.enabled=false"]))
+    result = CliRunner().invoke(app, ["sft", str(run.root)])
+    assert result.exit_code == 2 and "sft.enabled is false" in result.output
