@@ -1,14 +1,28 @@
-"""Learning benchmark (SPEC §10): the quickstart setting, several seeds, one run per estimator variant;
-success rate vs iteration written as tables into BENCHMARKS.md, section "Learning".
+"""Learning benchmark (SPEC §10): one config, several seeds, one run per estimator variant; success
+rate vs iteration written as tables into a section of BENCHMARKS.md.
 
-    python bench/learning_bench.py [--iters 20] [--seeds 0 1 2] [--variants graft grpo gigpo graft-traj]
-                                   [--out bench_runs/learning] [--set key=value ...] [--no-write]
+    python bench/learning_bench.py [--config configs/quickstart.toml] [--iters 20] [--seeds 0 1 2]
+        [--variants graft grpo gigpo graft-traj] [--out bench_runs/learning] [--section "Learning"]
+        [--set key=value ...] [--no-write]
 
-Variants: ``graft`` (GRAFT, Graph GAE), ``graft-traj`` (GRAFT with trajectory GAE), ``graft-td``
-(no GAE), ``grpo``, ``gigpo``, ``rloo``, ``salt``, ``graphgpo``, ``rtmc``. Each run is a normal
-``graft loop`` run directory under ``--out`` (resumable: rerunning the script continues unfinished
-runs and reuses finished ones). The training success of iteration i is the rollout success of the
-policy after i updates (groups × group_size episodes on the fixed training tasks).
+The long-horizon protocol (BENCHMARKS.md, "Learning: long-horizon household"):
+
+    python bench/learning_bench.py --config configs/household_long.toml --iters 30 \
+        --seeds 0 1 2 3 4 --variants graft graft-nonorm gigpo grpo graft-token \
+        --out bench_runs/long --section "Learning: long-horizon household (generate mode)"
+
+Variants: ``graft`` (GRAFT, Graph GAE, node normalization), ``graft-nonorm`` (no node
+normalization), ``graft-traj`` (trajectory GAE), ``graft-td`` (no GAE), ``graft-token`` (GRAFT
+credit, token-level GRPO objective instead of GRPO-C: the paper's Table 3 ablation), ``grpo``,
+``gigpo``, ``rloo``, ``salt``, ``graphgpo``, ``rtmc``. Each run is a normal ``graft loop`` run
+directory under ``--out`` (resumable: rerunning the script continues unfinished runs and reuses
+finished ones). The training success of iteration i is the rollout success of the policy after i
+updates (groups × group_size episodes on the fixed training tasks).
+
+Warm start: when the config enables ``[sft]``, the warm start depends on the seed and the config but
+not on the estimator, so the first run of a seed computes it and the other variants of that seed get
+a copy of its ``model/`` and ``sft/`` (the same bytes they would compute: the warm start is
+deterministic); every variant of a seed starts from the same policy.
 """
 
 from __future__ import annotations
@@ -37,6 +51,8 @@ VARIANTS: dict[str, list[str]] = {
     "graft": ["advantage.estimator=graft", "advantage.gae=graph"],
     "graft-traj": ["advantage.estimator=graft", "advantage.gae=trajectory"],
     "graft-td": ["advantage.estimator=graft", "advantage.gae=none"],
+    "graft-nonorm": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.normalize=none"],
+    "graft-token": ["advantage.estimator=graft", "advantage.gae=graph", "update.objective=grpo"],
     "grpo": ["advantage.estimator=grpo"],
     "gigpo": ["advantage.estimator=gigpo"],
     "rloo": ["advantage.estimator=rloo"],
@@ -44,17 +60,35 @@ VARIANTS: dict[str, list[str]] = {
     "graphgpo": ["advantage.estimator=graphgpo"],
     "rtmc": ["advantage.estimator=rtmc"],
 }
-SECTION = "## Learning"
+SECTION = "Learning"
+WARM_START_PARTS = ("model", "sft")
+
+
+def share_warm_start(run_dir: Path, donors: list[Path]) -> None:
+    """Copy a finished warm start (``model/``, ``sft/``) of a run of the same seed into ``run_dir``."""
+    import shutil
+
+    from schemas.rundir import checkpoint_complete
+
+    if (run_dir / "sft").exists():
+        return
+    for donor in donors:
+        if checkpoint_complete(donor / "sft" / "model"):
+            for part in WARM_START_PARTS:
+                shutil.copytree(donor / part, run_dir / part)
+            return
 
 
 def run_variant(
-    config: Path, out: Path, variant: str, seed: int, iters: int, extra: list[str]
+    config: Path, out: Path, variant: str, seed: int, iters: int, extra: list[str], donors: list[Path]
 ) -> tuple[Path, float]:
     """Run (or resume) one variant × seed; return its run directory and the seconds this call took."""
     overrides = [*VARIANTS[variant], f"run.seed={seed}", f"run.name={variant}-s{seed}", *extra]
     run_dir = out / f"{variant}-s{seed}"
     start = time.perf_counter()
     run, cfg, target = resolve_loop_run(str(config), str(run_dir), overrides, iters, False)
+    if cfg.sft.enabled:
+        share_warm_start(run_dir, donors)
     run_loop(
         run,
         cfg,
@@ -121,11 +155,142 @@ def eval_table(runs: dict[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str) -> None:
-    """Replace (or append) the "## Learning" section of BENCHMARKS.md, leaving other sections alone."""
+def final_eval_by_type(runs: dict[str, list[Path]]) -> str:
+    """Markdown (the paper's Table 1 columns): held-out success per task type of the last evaluated
+    policy, mean ± s.e. over seeds."""
+    from schemas.rundir import open_run
+
+    per_variant: dict[str, dict[str, list[float]]] = {}
+    for variant, dirs in runs.items():
+        for d in dirs:
+            ev = load_run_tables(open_run(d)).eval.filter(pl.col("name") == "success_rate")
+            if ev.height == 0:
+                continue
+            last = ev.filter(pl.col("x") == ev["x"].max())
+            for row in last.iter_rows(named=True):
+                key = row["task_type"] or "all"
+                per_variant.setdefault(variant, {}).setdefault(key, []).append(row["value"])
+    types = sorted({t for v in per_variant.values() for t in v if t != "all"}) + ["all"]
+    lines = ["| variant | " + " | ".join(types) + " |", "|---|" + "---|" * len(types)]
+    for variant, by_type in per_variant.items():
+        cells = []
+        for t in types:
+            xs = np.array(by_type.get(t, []))
+            se = xs.std(ddof=1) / np.sqrt(len(xs)) if len(xs) > 1 else 0.0
+            cells.append(f"{xs.mean():.2f} ± {se:.2f}" if len(xs) else "-")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def diagnostics_table(runs: dict[str, list[Path]]) -> str:
+    """Markdown: graph structure and rollout validity per variant, mean over seeds and iterations
+    (what step credit had to work with: node group sizes, share of steps in node groups >= 2,
+    propagation degree, invalid rate, mean turns)."""
+    from schemas.rundir import open_run
+
+    names = {
+        ("graph", "mean_node_group_size"): "node group size",
+        ("graph", "share_steps_group_ge2"): "steps in groups ≥ 2",
+        ("solve", "propagation_mean"): "propagation degree",
+        ("solve", "share_steps_propagation_1"): "steps with propagation 1",
+        ("rollout", "invalid_rate"): "invalid rate",
+        ("rollout", "mean_turns"): "mean turns",
+    }
+    lines = ["| variant | " + " | ".join(names.values()) + " |", "|---|" + "---|" * len(names)]
+    for variant, dirs in runs.items():
+        cells = []
+        for stage, name in names:
+            values = []
+            for d in dirs:
+                m = load_run_tables(open_run(d)).metrics.filter(
+                    (pl.col("stage") == stage) & (pl.col("name") == name) & pl.col("task_type").is_null()
+                )
+                values += m["value"].to_list()
+            cells.append(f"{np.mean(values):.3f}" if values else "-")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def expert_distance(game, limit: int = 80) -> int | None:
+    """Turns the scripted expert needs from ``game``'s current state to win (None: it cannot)."""
+    import copy
+
+    probe, turns = copy.deepcopy(game), 0
+    while not probe.won and turns < limit:
+        action = probe.expert_action()
+        if action is None:
+            return None
+        probe.step(action)
+        turns += 1
+    return turns if probe.won else None
+
+
+def step_effects(run_dir: Path) -> pl.DataFrame:
+    """Every training step of a household run with its advantage and its true effect: the change of
+    the expert's turns-to-go across the step (> 0: the step made progress, < 0: it undid some,
+    0: neither, e.g. an invalid or an information action). Trajectories are replayed from their task."""
+    from schemas.rundir import open_run
+    from stages.envs.base import Episode
+    from stages.rollout import make_environment
+
+    run = open_run(run_dir)
+    config = run.load_config()
+    env = make_environment(config)
+    tasks = {t.task_id: t for t in env.tasks("train", config.env.train_tasks, config.run.seed)}
+    frames = []
+    for it in run.iterations():
+        if not run.stage_complete("advantage", it):
+            continue
+        steps = run.read(it, "steps").select("traj_id", "task_id", "step", "action", "valid")
+        adv = run.read(it, "advantages").select("traj_id", "step", "advantage")
+        rows = steps.join(adv, on=["traj_id", "step"])
+        effects = []
+        for _, traj in rows.group_by("traj_id", maintain_order=True):
+            episode = Episode(env, tasks[traj["task_id"][0]])
+            for action, valid in zip(traj["action"], traj["valid"], strict=True):
+                before = expert_distance(episode.game)
+                episode.act(action if valid else None)
+                after = 0 if episode.won else expert_distance(episode.game)
+                effects.append(None if before is None or after is None else before - after)
+        frames.append(
+            rows.sort(["traj_id", "step"]).with_columns(
+                pl.Series("effect", effects, dtype=pl.Int64), pl.lit(it).alias("iter")
+            )
+        )
+    return pl.concat(frames) if frames else pl.DataFrame()
+
+
+def sign_agreement_table(runs: dict[str, list[Path]]) -> str:
+    """Markdown: how often each variant's advantage sign agrees with the step's true effect (household
+    only; steps with a non-zero effect), and the mean advantage of progressing / regressing steps."""
+    lines = [
+        "| variant | steps with an effect | sign agrees | advantage = 0 | mean A, progress | mean A, regress |",
+        "|---|---|---|---|---|---|",
+    ]
+    for variant, dirs in runs.items():
+        frames = [step_effects(d) for d in dirs]
+        frame = pl.concat([f for f in frames if f.height]).filter(
+            pl.col("effect").is_not_null() & (pl.col("effect") != 0)
+        )
+        if frame.height == 0:
+            continue
+        sign_effect = frame["effect"].sign()
+        sign_adv = frame["advantage"].sign()
+        lines.append(
+            f"| {variant} | {frame.height} | {(sign_effect == sign_adv).mean():.3f} | "
+            f"{(frame['advantage'] == 0).mean():.3f} | "
+            f"{frame.filter(pl.col('effect') > 0)['advantage'].mean():.3f} | "
+            f"{frame.filter(pl.col('effect') < 0)['advantage'].mean():.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_section(path: Path, body: str, section_title: str = SECTION) -> None:
+    """Replace (or append) the "## <title>" section of BENCHMARKS.md, leaving other sections alone."""
     text = path.read_text() if path.is_file() else "# Benchmarks\n"
-    section = f"{SECTION}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    heading = f"## {section_title}"
+    section = f"{heading}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text, count=1)
     else:
@@ -146,6 +311,10 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=2, help="table row every N iterations")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     parser.add_argument("--note", default="", help="Markdown paragraph put at the top of the section")
+    parser.add_argument("--section", default=SECTION, help="BENCHMARKS.md section title (## ...)")
+    parser.add_argument(
+        "--effects", action="store_true", help="household only: advantage sign vs the step's true effect"
+    )
     args = parser.parse_args()
     import torch
 
@@ -155,7 +324,8 @@ def main() -> None:
     seconds: dict[str, list[float]] = {v: [] for v in args.variants}
     for seed in args.seeds:  # seed-major, so a cut-short bench still has every variant
         for variant in args.variants:
-            run_dir, took = run_variant(Path(args.config), out, variant, seed, args.iters, args.extra)
+            donors = [out / f"{v}-s{seed}" for v in args.variants if v != variant]
+            run_dir, took = run_variant(Path(args.config), out, variant, seed, args.iters, args.extra, donors)
             runs[variant].append(run_dir)
             seconds[variant].append(took)
             print(f"{variant} seed {seed}: {took:.0f} s", flush=True)
@@ -177,6 +347,19 @@ def main() -> None:
             table,
             "Held-out evaluation (eval split of the same environment):",
             eval_table(runs),
+            "Held-out success per task type of the last evaluated policy (mean ± s.e. over seeds):",
+            final_eval_by_type(runs),
+            "Diagnostics (mean over seeds and iterations):",
+            diagnostics_table(runs),
+            *(
+                [
+                    "Advantage sign vs the step's true effect (change of the scripted expert's turns-to-go "
+                    "across the step; all iterations and seeds):",
+                    sign_agreement_table(runs),
+                ]
+                if args.effects
+                else []
+            ),
             f"Loop seconds per run, mean over seeds (sum of `seconds_iteration`; 2 CPU cores shared with other jobs, so these vary with their load): {timing}.",
             "Share of loop time per stage (all runs above pooled, `bench/stage_share.py`):",
             markdown(stage_shares(loop_seconds([str(d) for dirs in runs.values() for d in dirs]))),
@@ -184,7 +367,7 @@ def main() -> None:
     )
     print(body)
     if not args.no_write:
-        write_section(ROOT / "BENCHMARKS.md", body)
+        write_section(ROOT / "BENCHMARKS.md", body, args.section)
 
 
 if __name__ == "__main__":
