@@ -139,6 +139,7 @@ def register(app: typer.Typer) -> None:
         ),
         iteration: int = typer.Option(None, "--iter", help="Evaluate the checkpoint of this iteration."),
         overrides: list[str] = typer.Option([], "--set", help="Override a config key for this evaluation."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing evaluation of it."),
     ) -> None:
         """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
         from schemas import write_table
@@ -147,6 +148,8 @@ def register(app: typer.Typer) -> None:
         run = open_run(run_dir)
         cfg = run.load_config(list(overrides))
         it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
+        if out.is_file() and not force:  # nothing is computed from an evaluation: only it is replaced
+            raise GraftError(f"{out}: {name} is already evaluated; use --force to evaluate it again")
         rows = evaluate_model(run, cfg, model_dir, it, name)
         write_table(rows, "eval", out)
         overall = {
