@@ -139,6 +139,22 @@ class EvalConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoint retention (docs/loop.md "Checkpoint retention"); never changes what a run computes."""
+
+    keep_last: int = 0  # 0 = keep every checkpoint; N >= 1 = the N newest (+ keep_every, evaluated ones)
+    keep_every: int = 0  # with keep_last: also the checkpoint after every keep_every-th update; 0 = none
+
+
+@dataclass
+class LogConfig:
+    """Live logging of the metrics rows every stage writes (docs/loop.md "Live logging"); off by default."""
+
+    tensorboard: bool = False  # TensorBoard event files (needs the [log] extra: tensorboardX)
+    dir: str = ""  # "" = <run>/tensorboard
+
+
+@dataclass
 class Config:
     """The whole run configuration."""
 
@@ -151,6 +167,8 @@ class Config:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     update: UpdateConfig = field(default_factory=UpdateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -277,6 +295,8 @@ def _check_ranges(config: Config, source: str) -> None:
         (config.env.max_turns >= 1, "env.max_turns must be >= 1"),
         (config.update.clip_low >= 0 and config.update.clip_high >= 0, "update.clip_* must be >= 0"),
         (config.update.lr >= 0, "update.lr must be >= 0"),
+        (config.checkpoint.keep_last >= 0, "checkpoint.keep_last must be >= 0 (0 = keep every checkpoint)"),
+        (config.checkpoint.keep_every >= 0, "checkpoint.keep_every must be >= 0 (0 = none)"),
     ]
     for ok, message in checks:
         if not ok:

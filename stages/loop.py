@@ -37,6 +37,7 @@ from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
 from stages.rollout import ensure_initial_model, make_environment, run_rollout
 from stages.update import run_update
+from stages.update.retention import prune_checkpoints
 
 StageRunner = Callable[[Run, int, Config], None]
 
@@ -194,6 +195,7 @@ def _run_loop_locked(
 ) -> list[IterationResult]:
     runners = runners if runners is not None else STAGE_RUNNERS
     remove_stale_temporaries(run)
+    prune_checkpoints(run, config.checkpoint)  # a loop killed before pruning catches up here
     (prepare if prepare is not None else ensure_initial_model)(run, config)
     if config.eval.initial and config.run.eval_every > 0 and not (run.initial_eval_path).is_file():
         # iteration -1 = the initial policy; the eval runner writes <run>/eval.parquet for it
@@ -204,6 +206,7 @@ def _run_loop_locked(
             continue
         due = eval_due(iteration, iters - 1, config.run.eval_every)
         result = run_iteration(run, iteration, config, runners, evaluate=due)
+        prune_checkpoints(run, config.checkpoint)  # after the iteration's evaluation: it keeps its checkpoint
         results.append(result)
         if on_iteration is not None:
             on_iteration(result)

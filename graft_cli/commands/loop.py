@@ -18,7 +18,8 @@ def resolve_loop_run(
 
     ``run.iters`` is the loop's stopping point, not part of what an iteration computes, so it never
     counts as a config change: ``--iters`` (or an edited ``run.iters``) extends or shortens a run
-    without ``--force``, and the saved config records the newest target.
+    without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention
+    and ``[log]`` are treated the same way.
     """
     if config_path is None and run_dir is None:
         raise GraftError("graft loop: give --config FILE (new run) or --run DIR (resume)")
@@ -31,12 +32,16 @@ def resolve_loop_run(
         raise GraftError(f"--iters {target}: must be >= 0")
     root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
     saved_path = root / "config.toml"
+    bookkeeping = (config.checkpoint, config.log)
     if saved_path.is_file():
         saved = load_config(saved_path)
-        config.run.iters = saved.run.iters  # compare everything but the stopping point
+        # compare everything but what never changes an iteration's tables: the stopping point,
+        # checkpoint retention and live logging
+        config.run.iters, config.checkpoint, config.log = saved.run.iters, saved.checkpoint, saved.log
     run = create_run(root, config, force=force)
-    if config.run.iters != target:
+    if (config.run.iters, config.checkpoint, config.log) != (target, *bookkeeping):
         config.run.iters = target
+        config.checkpoint, config.log = bookkeeping
         atomic_write_text(run.config_path, config.to_toml())
     return run, config, target
 
