@@ -27,6 +27,9 @@ def resolve_loop_run(
         config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
     else:
         config = load_config(config_path, overrides)
+    from stages.live_log import require_backend
+
+    require_backend(config)  # before the run directory exists
     target = iters if iters is not None else config.run.iters
     if target < 0:
         raise GraftError(f"--iters {target}: must be >= 0")
