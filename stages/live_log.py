@@ -6,9 +6,9 @@ curve in TensorBoard is the same number as in ``graft sql`` / ``graft report``:
 
 * tag ``<stage>/<name>`` for rows over all tasks, ``<stage>/<name>/<task_type>`` per task type
   (stage = rollout, graph, solve, advantage, update, loop; ``eval`` for evaluation rows);
-* step = the number of policy updates behind the policy, as in the report's x axis: the rollout and
-  the other stages of iteration i at i, the evaluation of iteration i's checkpoint at i + 1 (the
-  update of i produced it), the initial evaluation at 0.
+* step = the number of policy updates, as on the report's x axis: the rollout and the other stages
+  of iteration i at i (they ran with the policy after i updates), the update of iteration i and the
+  evaluation of its checkpoint at i + 1 (the policy it produced), the initial evaluation at 0.
 
 The writer is ``tensorboardX`` (pure Python, offline event files; no TensorFlow or ``tensorboard``
 server needed to write them): ``pip install 'graft[log]'``. Event files go to ``log.dir`` (default
@@ -68,7 +68,8 @@ def iteration_scalars(run: Run, iteration: int) -> list[tuple[str, float, int]]:
     folder = run.iter_dir(iteration)
     out = []
     for path in sorted(folder.glob("metrics_*.parquet")):
-        out += scalar_rows(read_table(path, "metrics"), None, iteration)
+        produced = path.stem == "metrics_update"  # the update of i makes the policy after i + 1 updates
+        out += scalar_rows(read_table(path, "metrics"), None, iteration + 1 if produced else iteration)
     eval_path = run.table_path(iteration, "eval")
     if eval_path.is_file():
         out += scalar_rows(read_table(eval_path, "eval"), "eval", iteration + 1)

@@ -121,10 +121,12 @@ def test_tensorboard_logger_writes_the_metrics_rows(tmp_path: Path) -> None:
     config.run.eval_every = 1
     config.log.tensorboard = True
     run = create_run(tmp_path / "r", config)
-    run_loop(run, config, 2, runners=_runners_with_rollout_metrics(), prepare=lambda *_: None)
+    runners = {**_runners_with_rollout_metrics(), "update": _runners_with_update_metrics()["update"]}
+    run_loop(run, config, 2, runners=runners, prepare=lambda *_: None)
     scalars = read_event_scalars(run.root / "tensorboard")
     assert scalars["rollout/success_rate"] == [(0, 0.25), (1, 1.25)]
     assert scalars["rollout/success_rate/pick"] == [(0, 0.5), (1, 1.5)]
+    assert [step for step, _ in scalars["update/loss"]] == [1, 2]  # the policy each update produced
     for it in (0, 1):  # the loop's own seconds, at the iteration's step
         loop_rows = read_table(run.iter_dir(it) / "metrics_loop.parquet", "metrics")
         total = loop_rows.filter(pl.col("name") == "seconds_iteration")["value"][0]
@@ -167,3 +169,62 @@ def test_missing_tensorboardx_refuses_the_start_before_the_run_exists(tmp_path: 
     result = CliRunner().invoke(app, [*args, "--set", "log.tensorboard=true"])
     assert result.exit_code == 2 and "tensorboardX" in result.output
     assert not run_dir.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# graft report: update panels
+
+
+def _runners_with_update_metrics() -> dict:
+    runners = fake_runners([])
+    update = runners["update"]
+
+    def with_metrics(run: Run, it: int, config: Config) -> None:
+        update(run, it, config)
+        names = ["loss", "entropy", "clip_fraction", "grad_norm", "lr"]
+        rows = pl.DataFrame(
+            {
+                "iter": pl.Series([it] * len(names), dtype=pl.Int32),
+                "stage": ["update"] * len(names),
+                "name": names,
+                "value": [1.0 - 0.25 * it, 2.0, 0.1 * it, 3.0 + it, 1e-3],
+                "task_type": pl.Series([None] * len(names), dtype=pl.String),
+            }
+        )
+        write_table(rows, "metrics", run.iter_dir(it) / "metrics_update.parquet")
+
+    return {**runners, "update": with_metrics}
+
+
+def test_report_draws_the_update_panels(tmp_path: Path) -> None:
+    from stages.report import load_run_tables, update_curve
+
+    config = Config()
+    config.run.eval_every = 0
+    run = create_run(tmp_path / "r", config)
+    run_loop(run, config, 3, runners=_runners_with_update_metrics(), prepare=lambda *_: None)
+    metrics = load_run_tables(run).metrics
+    loss = update_curve(metrics, "loss")
+    assert loss["x"].to_list() == [1, 2, 3]  # the update of iteration i makes the policy after i + 1
+    assert loss["value"].to_list() == [1.0, 0.75, 0.5]
+    assert update_curve(metrics, "grad_norm")["value"].to_list() == [3.0, 4.0, 5.0]
+    assert update_curve(metrics, "kl").height == 0  # beta = 0: no KL rows, the panel says so
+    result = CliRunner().invoke(app, ["report", str(run.root), "-o", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    png = (tmp_path / "rep" / "update.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Policy update" in md and "](update.png)" in md
+
+
+def test_report_without_update_metrics_has_no_update_panels(tmp_path: Path) -> None:
+    from stages.report import write_report
+
+    config = Config()
+    config.run.eval_every = 0
+    run = create_run(tmp_path / "r", config)
+    run_loop(run, config, 1, runners=_runners_with_rollout_metrics(), prepare=lambda *_: None)
+    paths = write_report([run.root], tmp_path / "rep")
+    assert [p.name for p in paths] == ["curves.png", "report.md"]
+    assert not (tmp_path / "rep" / "update.png").exists()
+    assert "Policy update" not in (tmp_path / "rep" / "report.md").read_text()

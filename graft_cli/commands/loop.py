@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
             return
         from stages.report import success_summary, write_report
 
-        png, markdown = write_report([run.root])
+        png, markdown, *_ = write_report([run.root])
         console.print(success_summary(run), highlight=False)
         console.print(
             f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)", highlight=False
