@@ -135,3 +135,35 @@ def test_rollout_force_does_not_combine_with_shard(tmp_path: Path, runner: CliRu
     run = _finished_run(tmp_path / "r", iters=1)
     result = runner.invoke(app, ["rollout", str(run.root), "--iter", "0", "--shard", "0/2", "--force"])
     assert "--shard" in _one_error_line(result)
+
+
+@pytest.mark.slow
+def test_forced_replay_then_loop_ends_with_the_uninterrupted_tables(tmp_path_factory, tmp_path: Path) -> None:
+    """The issue's case with the real stages: replaying iteration 1's rollout removes its credit,
+    update and evaluation; the loop then redoes exactly those and ends where an untouched run is."""
+    from tests.test_loop import _checkpoint_tensors, _tables, micro_config, micro_run
+
+    reference = micro_run(tmp_path_factory.mktemp("ref"))
+    copy = tmp_path / "copy"
+    shutil.copytree(reference, copy)
+    runner = CliRunner()
+    refused = runner.invoke(app, ["rollout", str(copy), "--iter", "1", "--no-progress"])
+    assert "rollout of iteration 1 is finished" in _one_error_line(refused)
+    done = runner.invoke(app, ["rollout", str(copy), "--iter", "1", "--no-progress", "--force"])
+    assert done.exit_code == 0, done.output
+    assert "removed what was computed from it: iter_0001/{" in done.output
+    run = Run(copy)
+    assert run.stage_complete("rollout", 1) and not run.stage_complete("graph", 1)
+    assert not run.checkpoint_dir(1).exists() and run.stage_complete("update", 0)
+    config = micro_config()
+    results = run_loop(run, config, config.run.iters)
+    assert [(r.iteration, r.skipped) for r in results] == [(1, ["rollout"])]
+    want, got = _tables(reference), _tables(copy)
+    assert sorted(got) == sorted(want)
+    for name, frame in want.items():
+        assert got[name].equals(frame), name
+    a, b = _checkpoint_tensors(reference), _checkpoint_tensors(copy)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        for key in a[name]:
+            assert (a[name][key] == b[name][key]).all(), (name, key)
