@@ -130,3 +130,10 @@ def test_keep_last_1_stopped_crashed_and_resumed_gives_the_same_tables(tmp_path:
     for name in b:
         for key in b[name]:
             assert (a[name][key] == b[name][key]).all(), (name, key)
+
+
+def test_the_gpu_configs_keep_few_checkpoints() -> None:
+    # 150 iterations x (6 GB weights + 12 GB AdamW moments) of a 1.5B model would be terabytes
+    for name in ("alfworld", "search", "shop", "textworld"):
+        config = load_config(CONFIGS / f"{name}.toml")
+        assert config.checkpoint.keep_last == 2 and config.run.eval_every == 10, name
