@@ -18,6 +18,7 @@ tables as one without (tested in tests/test_retention.py).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from schemas.config import CheckpointConfig
@@ -50,11 +51,13 @@ def prune_checkpoints(run: Run, cfg: CheckpointConfig) -> list[Path]:
     evaluated = {i for i in complete if run.table_path(i, "eval").is_file()}
     keep = retained_checkpoints(complete, evaluated, cfg.keep_last, cfg.keep_every)
     newest = max(complete)
-    removed = [run.checkpoint_dir(i) for i in sorted(complete) if i not in keep]
-    removed += [
+    dropped = [run.checkpoint_dir(i) for i in sorted(complete) if i not in keep]
+    remove_outputs(dropped)  # renamed to a temporary name first: never half a checkpoint in place
+    states = [
         state
         for i in sorted(keep)
         if i != newest and (state := run.checkpoint_dir(i) / TRAINER_STATE_DIR).is_dir()
     ]
-    remove_outputs(removed)
-    return removed
+    for state in states:  # a kill midway leaves part of it; the next prune removes the rest
+        shutil.rmtree(state, ignore_errors=True)
+    return dropped + states
