@@ -156,6 +156,22 @@ class SftConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoint retention (docs/loop.md "Checkpoint retention"); never changes what a run computes."""
+
+    keep_last: int = 0  # 0 = keep every checkpoint; N >= 1 = the N newest (+ keep_every, evaluated ones)
+    keep_every: int = 0  # with keep_last: also the checkpoint after every keep_every-th update; 0 = none
+
+
+@dataclass
+class LogConfig:
+    """Live logging of the metrics rows every stage writes (docs/loop.md "Live logging"); off by default."""
+
+    tensorboard: bool = False  # TensorBoard event files (needs the [log] extra: tensorboardX)
+    dir: str = ""  # "" = <run>/tensorboard
+
+
+@dataclass
 class Config:
     """The whole run configuration."""
 
@@ -169,6 +185,8 @@ class Config:
     update: UpdateConfig = field(default_factory=UpdateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SftConfig = field(default_factory=SftConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -300,6 +318,8 @@ def _check_ranges(config: Config, source: str) -> None:
         (config.sft.epochs >= 1, "sft.epochs must be >= 1"),
         (math.isfinite(config.sft.lr) and config.sft.lr > 0, "sft.lr must be finite and > 0"),
         (config.sft.batch_size >= 1, "sft.batch_size must be >= 1"),
+        (config.checkpoint.keep_last >= 0, "checkpoint.keep_last must be >= 0 (0 = keep every checkpoint)"),
+        (config.checkpoint.keep_every >= 0, "checkpoint.keep_every must be >= 0 (0 = none)"),
     ]
     for ok, message in checks:
         if not ok:

@@ -34,6 +34,17 @@ STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "eval": ("eval.parquet",),
 }
 STAGES = ("rollout", "graph", "solve", "advantage", "update")
+# Other files a stage writes into iter_NNNN/ (removed with its outputs when an earlier stage is
+# recomputed; the reference log-prob cache of the update is checked against row keys only).
+DERIVED_FILES: dict[str, tuple[str, ...]] = {
+    "rollout": ("metrics_rollout.parquet",),
+    "graph": ("metrics_graph.parquet",),
+    "solve": ("metrics_solve.parquet",),
+    "advantage": ("metrics_advantage.parquet",),
+    "update": ("metrics_update.parquet", "reflogprobs.parquet"),
+    "eval": (),
+}
+LOOP_FILES = ("metrics_loop.parquet", ".loop_seconds.json")
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,37 @@ class Run:
                 return False
         return True
 
+    def dependent_outputs(self, stage: str, iteration: int) -> list[Path]:
+        """Existing outputs computed from ``stage`` of ``iteration``, in the order to remove them.
+
+        Within the iteration: the loop's done-marker, then the later stages newest first; after it,
+        every later iteration (its rollout acts with a checkpoint trained on this one) newest first.
+        Evaluation is a leaf: nothing depends on it. Removing in this order keeps the run a
+        consistent prefix at every moment.
+        """
+        if stage == "eval" or iteration < 0:
+            return []
+        later_iters = [i for i in self.iterations() if i > iteration]
+        later_ckpts = [i for i in self.checkpoint_iterations() if i > iteration]
+        out: list[Path] = []
+        for i in sorted(set(later_iters) | set(later_ckpts), reverse=True):
+            out += [p for p in (self.iter_dir(i), self.checkpoint_dir(i)) if p.exists()]
+        order = [*STAGES, "eval"]
+        inside = [self.iter_dir(iteration) / name for name in LOOP_FILES]
+        for later in reversed(order[order.index(stage) + 1 :]):
+            inside += self.output_paths(later, iteration)
+            inside += [self.iter_dir(iteration) / name for name in DERIVED_FILES[later]]
+        return out + [p for p in inside if p.exists()]
+
+    def checkpoint_iterations(self) -> list[int]:
+        """Iterations that have a checkpoint directory (complete or not), ascending."""
+        out = []
+        for child in (self.root / "checkpoints").glob("iter_*"):
+            suffix = child.name[5:]
+            if child.is_dir() and suffix.isdigit():
+                out.append(int(suffix))
+        return sorted(out)
+
     def read(self, iteration: int, table: str) -> pl.DataFrame:
         return read_table(self.table_path(iteration, table), table)
 
@@ -160,6 +202,70 @@ class Run:
 
 
 CHECKPOINT_MARKER = "graft_checkpoint.json"
+
+
+def guard_recompute(run: Run, stage: str, iteration: int, force: bool) -> list[Path]:
+    """Before a stage command recomputes ``stage`` of ``iteration``: refuse (GraftError) when its output is
+    finished or anything computed from it exists, unless ``force``; with ``force`` remove what depends
+    on it (``Run.dependent_outputs``) and return the removed paths.
+
+    A recomputed stage would otherwise leave later stages and iterations built on the old output: a
+    run that silently mixes two histories (e.g. advantages of 133 steps next to a steps table of 146).
+    """
+    finished = run.stage_complete(stage, iteration) if iteration >= 0 else run.initial_eval_path.is_file()
+    dependents = run.dependent_outputs(stage, iteration)
+    if not force and (finished or dependents):
+        what = (
+            f"{stage} of iteration {iteration} is finished"
+            if finished
+            else f"{stage} of iteration {iteration} has later outputs"
+        )
+        tail = (
+            f" and remove what depends on it: {describe_outputs(run, iteration, dependents)}"
+            if dependents
+            else ""
+        )
+        raise GraftError(f"{run.root}: {what}; use --force to recompute it{tail}")
+    if force:
+        remove_outputs(dependents)
+    return dependents
+
+
+def describe_outputs(run: Run, iteration: int, paths: list[Path]) -> str:
+    """``iter_0003/{nodes,edges,...}.parquet, checkpoints/iter_0003, iterations 4..9`` for dependents."""
+    inside = [
+        p for p in reversed(paths) if p.parent == run.iter_dir(iteration) and not p.name.startswith(".")
+    ]
+    parts = []
+    if inside:
+        parts.append(f"{run.iter_dir(iteration).name}/{{{','.join(p.name for p in inside)}}}")
+    if run.checkpoint_dir(iteration) in paths:
+        parts.append(f"checkpoints/{run.checkpoint_dir(iteration).name}")
+    later = sorted(
+        {int(p.name[5:]) for p in paths if p.name.startswith("iter_") and p.name[5:].isdigit()} - {iteration}
+    )
+    if later:
+        span = f"{later[0]}" if len(later) == 1 else f"{later[0]}..{later[-1]}"
+        parts.append(f"iteration{'s' if len(later) > 1 else ''} {span} with their checkpoints")
+    return ", ".join(parts)
+
+
+def removed_summary(run: Run, iteration: int, paths: list[Path]) -> str:
+    """``removed what was computed from it: ...`` ('' when nothing was removed)."""
+    return f"removed what was computed from it: {describe_outputs(run, iteration, paths)}" if paths else ""
+
+
+def remove_outputs(paths: list[Path]) -> None:
+    """Remove files and directories in the given order. A directory is first renamed to a temporary
+    name (atomic; ``remove_stale_temporaries`` of the loop deletes leftovers), so a crash never leaves
+    half of one looking complete."""
+    for path in paths:
+        if path.is_dir():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+            os.replace(path, tmp)  # replaces the empty placeholder directory
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def checkpoint_complete(path: Path) -> bool:

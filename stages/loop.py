@@ -12,6 +12,9 @@ update of that iteration wrote. With ``eval.initial`` the initial policy is eval
 ``eval.parquet`` at the run root (iter = -1). ``metrics_loop.parquet`` is written last: its presence marks an
 iteration as finished.
 
+After each finished iteration the loop applies checkpoint retention (``[checkpoint]``,
+``stages/update/retention.py``) and feeds the optional live logger (``[log]``, ``stages/live_log.py``).
+
 Timing of stages that already ran in an earlier (killed) process is kept in a small sidecar
 (``iter_NNNN/.loop_seconds.json``) so a resumed iteration still reports every stage.
 """
@@ -35,8 +38,10 @@ from schemas.errors import GraftError
 from schemas.rundir import STAGES, Run, atomic_write_text
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
+from stages.live_log import TensorBoardLogger, open_logger
 from stages.rollout import ensure_initial_model, make_environment, run_rollout
 from stages.update import run_update
+from stages.update.retention import prune_checkpoints
 
 StageRunner = Callable[[Run, int, Config], None]
 
@@ -181,7 +186,12 @@ def run_loop(
     ``on_iteration`` is called after each iteration (the CLI prints its line there).
     """
     with run_lock(run):
-        return _run_loop_locked(run, config, iters, runners, on_iteration, prepare)
+        logger = open_logger(run, config)
+        try:
+            return _run_loop_locked(run, config, iters, runners, on_iteration, prepare, logger)
+        finally:
+            if logger is not None:
+                logger.close()
 
 
 def _run_loop_locked(
@@ -191,19 +201,26 @@ def _run_loop_locked(
     runners: dict[str, StageRunner] | None,
     on_iteration: Callable[[IterationResult], None] | None,
     prepare: Callable[[Run, Config], None] | None,
+    logger: TensorBoardLogger | None = None,
 ) -> list[IterationResult]:
     runners = runners if runners is not None else STAGE_RUNNERS
     remove_stale_temporaries(run)
+    prune_checkpoints(run, config.checkpoint)  # a loop killed before pruning catches up here
     (prepare if prepare is not None else ensure_initial_model)(run, config)
     if config.eval.initial and config.run.eval_every > 0 and not (run.initial_eval_path).is_file():
         # iteration -1 = the initial policy; the eval runner writes <run>/eval.parquet for it
         runners["eval"](run, -1, config)
+        if logger is not None:
+            logger.log_iteration(run, -1)
     results = []
     for iteration in range(iters):
         if iteration_finished(run, iteration):
             continue
         due = eval_due(iteration, iters - 1, config.run.eval_every)
         result = run_iteration(run, iteration, config, runners, evaluate=due)
+        prune_checkpoints(run, config.checkpoint)  # after the iteration's evaluation: it keeps its checkpoint
+        if logger is not None:
+            logger.log_iteration(run, iteration)
         results.append(result)
         if on_iteration is not None:
             on_iteration(result)

@@ -6,8 +6,10 @@ update), and writes
 
 * ``curves.png``: success rate, mean return and mean turns vs iteration, one colour per run; the
   training rollouts as lines, held-out evaluations as markers;
+* ``update.png``: loss, KL, entropy, clip fraction and grad norm of the policy update per iteration
+  (the ``metrics_update`` rows), when the runs have any;
 * ``report.md``: a table per run like the paper's Table 1 (success % per task type and All, from the
-  last evaluation; score too when the environment has one) plus the image.
+  last evaluation; score too when the environment has one) plus the images.
 
 x axis: the number of policy updates behind the policy that acted. The rollout of iteration i uses
 the policy after i updates (x = i); the evaluation stored in iteration i evaluates the checkpoint
@@ -37,6 +39,14 @@ TYPE_LABELS = {
 }
 TYPE_ORDER = tuple(TYPE_LABELS)
 CURVES = (("success_rate", "success rate"), ("mean_return", "mean return"), ("mean_turns", "mean turns"))
+# update-stage summary rows (metrics_update.parquet: means over the iteration's optimizer steps)
+UPDATE_PANELS = (
+    ("loss", "loss"),
+    ("kl", "KL to the reference (k3)"),
+    ("entropy", "entropy (nats / token)"),
+    ("clip_fraction", "clip fraction"),
+    ("grad_norm", "grad norm (before clipping)"),
+)
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,20 @@ def eval_curve(evals: pl.DataFrame, name: str) -> pl.DataFrame:
         evals.filter((pl.col("name") == name) & pl.col("task_type").is_null())
         .group_by("x")
         .agg(pl.col("value").mean())
+        .sort("x")
+    )
+
+
+def update_curve(metrics: pl.DataFrame, name: str) -> pl.DataFrame:
+    """Per-iteration update metric ``name``: columns x, value (sorted). x = iter + 1: the update of
+    iteration i produces the policy after i + 1 updates."""
+    return (
+        metrics.filter(
+            (pl.col("stage") == "update") & (pl.col("name") == name) & pl.col("task_type").is_null()
+        )
+        .group_by("iter")
+        .agg(pl.col("value").mean())
+        .select((pl.col("iter") + 1).alias("x"), "value")
         .sort("x")
     )
 
@@ -201,6 +225,46 @@ def plot_curves(tables: list[RunTables], path: Path) -> Path:
     return path
 
 
+def plot_update(tables: list[RunTables], path: Path) -> Path | None:
+    """Draw the update panels (loss, KL, entropy, clip fraction, grad norm) vs policy updates into one
+    PNG; None (nothing written) when no run has update metrics."""
+    if not any(t.metrics.filter(pl.col("stage") == "update").height for t in tables):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    n = len(UPDATE_PANELS)
+    fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.4), constrained_layout=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (name, title) in zip(axes, UPDATE_PANELS, strict=True):
+        drawn = False
+        for i, t in enumerate(tables):
+            curve = update_curve(t.metrics, name)
+            if curve.height:
+                ax.plot(curve["x"], curve["value"], color=colours[i % len(colours)], lw=1.5, label=t.label)
+                drawn = True
+        if not drawn:  # e.g. KL when update.beta = 0: the loss has no KL term, nothing is measured
+            note = "not measured (update.beta = 0)" if name == "kl" else "not measured"
+            ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, color="grey")
+            ax.set_xticks([])
+            ax.set_yticks([])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates are whole numbers
+        ax.set_title(title)
+        ax.set_xlabel("policy updates")
+        ax.grid(alpha=0.3)
+    if len(tables) > 1:
+        axes[0].legend(fontsize=8, loc="best")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
 def write_report(run_paths: list[str | Path], out: str | Path | None = None) -> list[Path]:
     """Write ``curves.png`` and ``report.md`` for ``run_paths`` into ``out`` (default: first run/report)."""
     if not run_paths:
@@ -212,21 +276,26 @@ def write_report(run_paths: list[str | Path], out: str | Path | None = None) -> 
         raise GraftError(f"{runs[0].root}: no metrics or eval tables yet (run `graft loop` first)")
     folder = Path(out) if out is not None else runs[0].root / "report"
     png = plot_curves(tables, folder / "curves.png")
+    update_png = plot_update(tables, folder / "update.png")
     from schemas.rundir import atomic_write_text
 
-    text = "\n\n".join(
-        [
-            "# graft report",
-            "Runs: " + ", ".join(f"`{r.root}`" for r in runs),
-            "## Success rate (%) per task type, last evaluation",
-            per_type_table(tables),
-            "## Learning curves",
-            f"![learning curves]({png.name})",
+    sections = [
+        "# graft report",
+        "Runs: " + ", ".join(f"`{r.root}`" for r in runs),
+        "## Success rate (%) per task type, last evaluation",
+        per_type_table(tables),
+        "## Learning curves",
+        f"![learning curves]({png.name})",
+    ]
+    if update_png is not None:
+        sections += [
+            "## Policy update",
+            "Per iteration, means over its optimizer steps (`metrics_update.parquet`).",
+            f"![policy update]({update_png.name})",
         ]
-    )
     md = folder / "report.md"
-    atomic_write_text(md, text + "\n")
-    return [png, md]
+    atomic_write_text(md, "\n\n".join(sections) + "\n")
+    return [png, md] + ([update_png] if update_png is not None else [])
 
 
 def _unique_labels(runs: list[Run]) -> list[str]:

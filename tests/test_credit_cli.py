@@ -124,13 +124,19 @@ def test_run_mode(runner, tmp_path):
         tables.advantages["advantage"].to_numpy(),
         atol=1e-9,
     )
-    # graph / solve alone, with an override.
-    result = runner.invoke(app, ["solve", str(run.root), "--iter", "2", "--set", "solve.gamma=0.5"])
+    # graph / solve alone, with an override: a finished stage is recomputed only with --force, which
+    # removes the advantages computed from the old values
+    args = ["solve", str(run.root), "--iter", "2", "--set", "solve.gamma=0.5"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "use --force" in result.output
+    result = runner.invoke(app, [*args, "--force"])
     assert result.exit_code == 0, result.output
     assert not np.allclose(run.read(2, "values")["value"], tables.values["value"])
-    result = runner.invoke(app, ["graph", str(run.root), "--iter", "2"])
+    assert not run.stage_complete("advantage", 2)
+    result = runner.invoke(app, ["graph", str(run.root), "--iter", "2", "--force"])
     assert result.exit_code == 0, result.output
     assert run.read(2, "edges").equals(tables.edges)
+    assert not run.stage_complete("solve", 2)
     # advantage with --set solve.gamma: the values it uses are solved at that gamma, not the stored ones
     result = runner.invoke(app, ["advantage", str(run.root), "--iter", "2", "--set", "solve.gamma=0.7"])
     assert result.exit_code == 0, result.output

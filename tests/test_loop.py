@@ -451,6 +451,8 @@ def test_graft_eval_reproduces_the_loops_evaluation(reference_run: Path, tmp_pat
     again = read_table(copy / "iter_0001" / "eval.parquet", "eval")
     assert again.equals(read_table(reference_run / "iter_0001" / "eval.parquet", "eval"))
     result = CliRunner().invoke(app, ["eval", str(copy), "--checkpoint", "latest"])
+    assert result.exit_code == 2 and "iter_0001 is already evaluated; use --force" in result.output
+    result = CliRunner().invoke(app, ["eval", str(copy), "--checkpoint", "latest", "--force"])
     assert result.exit_code == 0 and "iter_0001" in result.output
     result = CliRunner().invoke(app, ["eval", str(copy), "--iter", "7"])
     assert result.exit_code == 2 and "no complete checkpoint for iteration 7" in result.output

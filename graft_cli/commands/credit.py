@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 _ITER_OPTION = typer.Option(None, "--iter", help="Iteration (runs only).")
 _OUT_OPTION = typer.Option(None, "-o", "--out", help="Output directory (files only).")
 _CONFIG_OPTION = typer.Option(None, "--config", help="Config TOML (files only).")
+_FORCE_OPTION = typer.Option(
+    False, "--force", help="Recompute a finished stage of a run and remove what was computed from it."
+)
 _SET_OPTION = typer.Option(
     [], "--set", help="Config override KEY=VALUE, e.g. graph.canonicalize=similarity (repeatable)."
 )
@@ -47,6 +50,15 @@ def register(app: typer.Typer) -> None:
 
 def _is_run(target: Path) -> bool:
     return target.is_dir() and (target / "config.toml").is_file()
+
+
+def _guard(run, stage: str, iteration: int, force: bool) -> None:  # type: ignore[no-untyped-def]
+    """Refuse to recompute a finished stage unless --force (which removes what depends on it)."""
+    from schemas.rundir import guard_recompute, removed_summary
+
+    removed = removed_summary(run, iteration, guard_recompute(run, stage, iteration, force))
+    if removed:
+        typer.echo(removed)
 
 
 def _run_context(
@@ -132,12 +144,14 @@ def graph(
     out: Path | None = _OUT_OPTION,
     config_path: Path | None = _CONFIG_OPTION,
     overrides: list[str] = _SET_OPTION,
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Build the trajectory graphs: steps -> nodes.parquet, edges.parquet."""
     from stages.credit import graph_files, run_graph
 
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "graph")
+        _guard(run, "graph", iteration, force)  # type: ignore[arg-type]
         run_graph(run, iteration, config)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
@@ -154,12 +168,14 @@ def solve(
     iteration: int | None = _ITER_OPTION,
     config_path: Path | None = _CONFIG_OPTION,
     overrides: list[str] = _SET_OPTION,
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Bellman values on the graphs: nodes, edges -> values.parquet."""
     from stages.credit import run_solve, solve_files
 
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "solve")
+        _guard(run, "solve", iteration, force)  # type: ignore[arg-type]
         run_solve(run, iteration, config)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
@@ -182,6 +198,7 @@ def advantage(
     out: Path | None = _OUT_OPTION,
     config_path: Path | None = _CONFIG_OPTION,
     overrides: list[str] = _SET_OPTION,
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Step advantages: steps -> advantages.parquet (graph and values rebuilt when missing or stale).
 
@@ -198,9 +215,12 @@ def advantage(
         keys = {o.split("=", 1)[0].strip() for o in overrides}
         new_graph = any(k.startswith("graph.") for k in keys)
         new_values = new_graph or any(k.startswith("solve.") for k in keys)
-        if new_graph or not run.stage_complete("graph", it):
+        redo_graph = new_graph or not run.stage_complete("graph", it)
+        redo_solve = redo_graph or new_values or not run.stage_complete("solve", it)
+        _guard(run, "graph" if redo_graph else "solve" if redo_solve else "advantage", it, force)
+        if redo_graph:
             run_graph(run, it, config)
-        if new_values or not run.stage_complete("solve", it):
+        if redo_solve:
             run_solve(run, it, config)
         run_advantage(run, it, config)
         folder = run.iter_dir(it)

@@ -18,7 +18,8 @@ def resolve_loop_run(
 
     ``run.iters`` is the loop's stopping point, not part of what an iteration computes, so it never
     counts as a config change: ``--iters`` (or an edited ``run.iters``) extends or shortens a run
-    without ``--force``, and the saved config records the newest target.
+    without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention
+    and ``[log]`` are treated the same way.
     """
     if config_path is None and run_dir is None:
         raise GraftError("graft loop: give --config FILE (new run) or --run DIR (resume)")
@@ -26,17 +27,24 @@ def resolve_loop_run(
         config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
     else:
         config = load_config(config_path, overrides)
+    from stages.live_log import require_backend
+
+    require_backend(config)  # before the run directory exists
     target = iters if iters is not None else config.run.iters
     if target < 0:
         raise GraftError(f"--iters {target}: must be >= 0")
     root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
     saved_path = root / "config.toml"
+    bookkeeping = (config.checkpoint, config.log)
     if saved_path.is_file():
         saved = load_config(saved_path)
-        config.run.iters = saved.run.iters  # compare everything but the stopping point
+        # compare everything but what never changes an iteration's tables: the stopping point,
+        # checkpoint retention and live logging
+        config.run.iters, config.checkpoint, config.log = saved.run.iters, saved.checkpoint, saved.log
     run = create_run(root, config, force=force)
-    if config.run.iters != target:
+    if (config.run.iters, config.checkpoint, config.log) != (target, *bookkeeping):
         config.run.iters = target
+        config.checkpoint, config.log = bookkeeping
         atomic_write_text(run.config_path, config.to_toml())
     return run, config, target
 
@@ -125,7 +133,7 @@ def register(app: typer.Typer) -> None:
             return
         from stages.report import success_summary, write_report
 
-        png, markdown = write_report([run.root])
+        png, markdown, *_ = write_report([run.root])
         console.print(success_summary(run), highlight=False)
         console.print(
             f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)", highlight=False
@@ -139,6 +147,7 @@ def register(app: typer.Typer) -> None:
         ),
         iteration: int = typer.Option(None, "--iter", help="Evaluate the checkpoint of this iteration."),
         overrides: list[str] = typer.Option([], "--set", help="Override a config key for this evaluation."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing evaluation of it."),
     ) -> None:
         """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
         from schemas import write_table
@@ -147,6 +156,8 @@ def register(app: typer.Typer) -> None:
         run = open_run(run_dir)
         cfg = run.load_config(list(overrides))
         it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
+        if out.is_file() and not force:  # nothing is computed from an evaluation: only it is replaced
+            raise GraftError(f"{out}: {name} is already evaluated; use --force to evaluate it again")
         rows = evaluate_model(run, cfg, model_dir, it, name)
         write_table(rows, "eval", out)
         overall = {

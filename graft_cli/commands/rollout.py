@@ -58,11 +58,14 @@ def rollout(
         0, "--merge", help="Only merge the N shard files of --iter into steps.parquet."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on a terminal."),
+    force: bool = typer.Option(
+        False, "--force", help="Replay a finished iteration and remove what was computed from it."
+    ),
 ) -> None:
     """Play one iteration of rollouts and write steps.parquet (+ metrics_rollout.parquet)."""
     from schemas import write_table
     from schemas.config import load_config
-    from schemas.rundir import Run, open_run
+    from schemas.rundir import Run, guard_recompute, open_run, removed_summary
     from stages.rollout import parse_shard, rollout_iteration, run_rollout
 
     if iteration < 0:
@@ -85,6 +88,12 @@ def rollout(
                 )
             typer.echo(f"wrote {run.table_path(iteration, 'steps')}")
             return
+        if parts is None:  # a shard never replaces a finished steps table (it is skipped then)
+            removed = removed_summary(run, iteration, guard_recompute(run, "rollout", iteration, force))
+            if removed:
+                typer.echo(removed)
+        elif force:
+            raise GraftError("rollout: --force replays a whole iteration; it does not combine with --shard")
         path = run_rollout(run, iteration, config, shard=parts, progress=progress)
         typer.echo(f"wrote {path}")
         return

@@ -23,6 +23,9 @@ def register(app: typer.Typer) -> None:
         overrides: list[str] = typer.Option(
             [], "--set", help="Override a config key for this command only, e.g. --set update.lr=1e-5."
         ),
+        force: bool = typer.Option(
+            False, "--force", help="Retrain a finished iteration and remove what was computed from it."
+        ),
     ) -> None:
         """Train the policy on an iteration's steps and advantages; write the checkpoint and update table."""
         import os
@@ -30,15 +33,20 @@ def register(app: typer.Typer) -> None:
         import polars as pl
 
         from schemas.errors import GraftError
-        from schemas.rundir import open_run
+        from schemas.rundir import guard_recompute, open_run, removed_summary
         from stages.update import run_update
 
         if iteration < 0:
             raise GraftError(f"--iter {iteration}: iterations are >= 0")
         run = open_run(run_dir)
         config = run.load_config(overrides)
+        main_rank = int(os.environ.get("RANK", "0")) == 0
+        if main_rank:  # under torchrun one process checks and removes; the others read nothing it removes
+            removed = removed_summary(run, iteration, guard_recompute(run, "update", iteration, force))
+            if removed:
+                typer.echo(removed)
         run_update(run, iteration, config)
-        if int(os.environ.get("RANK", "0")) != 0:
+        if not main_rank:
             return
         summary = run.read(iteration, "update").filter(pl.col("epoch") == -1)
         values = dict(zip(summary["name"].to_list(), summary["value"].to_list(), strict=True))

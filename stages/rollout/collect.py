@@ -59,13 +59,22 @@ def _progress_hook(progress: bool | ProgressHook | None, total: int, label: str)
     if progress is False or not sys.stderr.isatty():  # None or True: a bar on a terminal only
         return (lambda turn, done, total: None), lambda: None
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
         console=Console(stderr=True),
         transient=True,
     )

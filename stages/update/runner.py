@@ -20,6 +20,7 @@ writes the tables and the one checkpoint.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run
 from stages.policy.sampling import derive_rng
+from stages.progress import terminal_progress
 from stages.update.batching import KEYS, UpdateRows, build_update_rows, join_steps_advantages
 from stages.update.checkpoint import (
     gather_model_state,
@@ -289,18 +291,33 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     for group in optimizer.param_groups:  # the config, not the restored state, sets these
         group["weight_decay"] = cfg.weight_decay
 
-    result = train_policy(
-        model,
-        rows,
-        old,
-        ref,
-        cfg,
-        temperature,
-        update_rng(config.run.seed, iteration),
-        ctx,
-        optimizer,
-        global_step,
-    )
+    total_steps = math.ceil(rows.n / max(1, cfg.minibatch_size)) * cfg.epochs  # = len(schedule)
+    show, close = terminal_progress(f"update iter {iteration}", total_steps) if ctx.is_main else (None, None)
+    done = 0
+
+    def on_step(epoch: int, minibatch: int, metrics: dict[str, float]) -> None:
+        nonlocal done
+        done += 1
+        if show is not None:
+            show(done, f"loss {metrics['loss']:.4g}")
+
+    try:
+        result = train_policy(
+            model,
+            rows,
+            old,
+            ref,
+            cfg,
+            temperature,
+            update_rng(config.run.seed, iteration),
+            ctx,
+            optimizer,
+            global_step,
+            on_step=on_step,
+        )
+    finally:
+        if close is not None:
+            close()
     model_state = gather_model_state(unwrap(model), keep=ctx.is_main)
     optimizer_state = gather_optimizer_state(unwrap(model), optimizer, keep=ctx.is_main)
     if ctx.is_main:

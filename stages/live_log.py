@@ -1,0 +1,106 @@
+"""Live logging (``[log] tensorboard = true``): the metrics rows every stage writes, as TensorBoard scalars.
+
+Off by default. The loop feeds the logger after each finished iteration with exactly the rows of
+that iteration's ``metrics_*.parquet`` and ``eval.parquet`` (and the initial evaluation once), so a
+curve in TensorBoard is the same number as in ``graft sql`` / ``graft report``:
+
+* tag ``<stage>/<name>`` for rows over all tasks, ``<stage>/<name>/<task_type>`` per task type
+  (stage = rollout, graph, solve, advantage, update, loop; ``eval`` for evaluation rows);
+* step = the number of policy updates, as on the report's x axis: the rollout and the other stages
+  of iteration i at i (they ran with the policy after i updates), the update of iteration i and the
+  evaluation of its checkpoint at i + 1 (the policy it produced), the initial evaluation at 0.
+
+The writer is ``tensorboardX`` (pure Python, offline event files; no TensorFlow or ``tensorboard``
+server needed to write them): ``pip install 'graft[log]'``. Event files go to ``log.dir`` (default
+``<run>/tensorboard``); view them with ``tensorboard --logdir runs/NAME/tensorboard``. A resumed run
+opens a new event file in the same directory; TensorBoard merges them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from schemas import read_table
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.rundir import Run
+
+
+def log_dir(run: Run, config: Config) -> Path:
+    return Path(config.log.dir) if config.log.dir else run.root / "tensorboard"
+
+
+def require_backend(config: Config) -> None:
+    """Refuse a start with ``log.tensorboard = true`` when tensorboardX is not installed."""
+    if not config.log.tensorboard:
+        return
+    try:
+        import tensorboardX  # noqa: F401
+    except ImportError:
+        raise GraftError(
+            "log.tensorboard = true needs the tensorboardX package: pip install 'graft[log]' "
+            "(or set log.tensorboard = false)"
+        ) from None
+
+
+def scalar_rows(frame: pl.DataFrame, stage: str | None, step: int) -> list[tuple[str, float, int]]:
+    """(tag, value, step) of metrics/eval rows; non-finite values are skipped (TensorBoard drops them)."""
+    out = []
+    for row in frame.iter_rows(named=True):
+        tag = f"{stage or row['stage']}/{row['name']}"
+        if row.get("task_type"):
+            tag += f"/{row['task_type']}"
+        value = row["value"]
+        if value is not None and math.isfinite(value):
+            out.append((tag, float(value), step))
+    return out
+
+
+def iteration_scalars(run: Run, iteration: int) -> list[tuple[str, float, int]]:
+    """The scalars of one iteration (``iteration = -1``: the initial evaluation only)."""
+    if iteration < 0:
+        path = run.initial_eval_path
+        return scalar_rows(read_table(path, "eval"), "eval", 0) if path.is_file() else []
+    folder = run.iter_dir(iteration)
+    out = []
+    for path in sorted(folder.glob("metrics_*.parquet")):
+        produced = path.stem == "metrics_update"  # the update of i makes the policy after i + 1 updates
+        out += scalar_rows(read_table(path, "metrics"), None, iteration + 1 if produced else iteration)
+    eval_path = run.table_path(iteration, "eval")
+    if eval_path.is_file():
+        out += scalar_rows(read_table(eval_path, "eval"), "eval", iteration + 1)
+    return out
+
+
+class TensorBoardLogger:
+    """Writes scalars to TensorBoard event files (``tensorboardX.SummaryWriter``)."""
+
+    def __init__(self, directory: Path) -> None:
+        from tensorboardX import SummaryWriter
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self._writer: Any = SummaryWriter(logdir=str(directory))
+
+    def log_iteration(self, run: Run, iteration: int) -> int:
+        """Write the scalars of ``iteration`` (see the module docstring); returns how many."""
+        scalars = iteration_scalars(run, iteration)
+        for tag, value, step in scalars:
+            self._writer.add_scalar(tag, value, global_step=step)
+        self._writer.flush()  # a live view, and nothing lost when the loop is killed afterwards
+        return len(scalars)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def open_logger(run: Run, config: Config) -> TensorBoardLogger | None:
+    """The configured live logger, or None when logging is off."""
+    if not config.log.tensorboard:
+        return None
+    require_backend(config)
+    return TensorBoardLogger(log_dir(run, config))

@@ -1,0 +1,63 @@
+"""Checkpoint retention (``[checkpoint] keep_last / keep_every``; docs/loop.md "Checkpoint retention").
+
+Every update writes full float32 weights plus AdamW moments (3x the weights); a 1.5B model over 150
+iterations would need terabytes. With ``keep_last = N >= 1`` the loop keeps, after each finished
+iteration, only
+
+* the N newest complete checkpoints (N >= 1 keeps the newest: the acting policy of the next iteration,
+  all a resumed run reads);
+* with ``keep_every = K``, the checkpoint after every K-th update (iteration i with (i + 1) % K == 0,
+  the loop's evaluation schedule);
+* the checkpoints of evaluated iterations (``iter_NNNN/eval.parquet`` exists), so what the report
+  shows can be evaluated again;
+
+and drops the optimizer state (``trainer_state/``) from all but the newest: only the next update
+restores it. Pruned checkpoints are never read again, so a run with retention ends with the same
+tables as one without (tested in tests/test_retention.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from schemas.config import CheckpointConfig
+from schemas.rundir import Run, checkpoint_complete, remove_outputs
+from stages.update.checkpoint import TRAINER_STATE_DIR
+
+
+def retained_checkpoints(
+    iterations: list[int], evaluated: set[int], keep_last: int, keep_every: int
+) -> set[int]:
+    """The iterations whose checkpoints stay: all when ``keep_last == 0``; else the ``keep_last``
+    newest, every i with (i + 1) % keep_every == 0 (keep_every > 0) and the evaluated ones."""
+    if keep_last <= 0:
+        return set(iterations)
+    ordered = sorted(iterations)
+    keep = set(ordered[-keep_last:])
+    if keep_every > 0:
+        keep |= {i for i in ordered if (i + 1) % keep_every == 0}
+    return keep | (set(ordered) & evaluated)
+
+
+def prune_checkpoints(run: Run, cfg: CheckpointConfig) -> list[Path]:
+    """Apply retention to the run's complete checkpoints; returns the removed paths (none when
+    ``keep_last == 0``). Incomplete checkpoint directories are left to the loop's cleanup."""
+    if cfg.keep_last <= 0:
+        return []
+    complete = [i for i in run.checkpoint_iterations() if checkpoint_complete(run.checkpoint_dir(i))]
+    if not complete:
+        return []
+    evaluated = {i for i in complete if run.table_path(i, "eval").is_file()}
+    keep = retained_checkpoints(complete, evaluated, cfg.keep_last, cfg.keep_every)
+    newest = max(complete)
+    dropped = [run.checkpoint_dir(i) for i in sorted(complete) if i not in keep]
+    remove_outputs(dropped)  # renamed to a temporary name first: never half a checkpoint in place
+    states = [
+        state
+        for i in sorted(keep)
+        if i != newest and (state := run.checkpoint_dir(i) / TRAINER_STATE_DIR).is_dir()
+    ]
+    for state in states:  # a kill midway leaves part of it; the next prune removes the rest
+        shutil.rmtree(state, ignore_errors=True)
+    return dropped + states
