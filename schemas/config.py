@@ -104,6 +104,11 @@ class AdvantageConfig:
     normalize: Literal["node", "none"] = "node"
     gigpo_omega: float = 1.0
     gigpo_gamma: float = 0.95
+    # verl-agent's algorithm.gigpo.mode: mean_std_norm divides by the std, mean_norm only centres
+    gigpo_mode: Literal["mean_std_norm", "mean_norm"] = "mean_std_norm"
+    # verl-agent's compute_mean_std_cross_steps: episode mean/std over the group's step rows (True)
+    # or over its trajectories, each counted once (False)
+    gigpo_cross_steps: bool = True
     graphgpo_w: float = 0.1
 
 
