@@ -59,7 +59,9 @@ def _group_mean(x: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return (np.bincount(codes, weights=x) / np.maximum(counts, 1))[codes]
 
 
-def _normalize_in_groups(x: np.ndarray, codes: np.ndarray, divide_std: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def _normalize_in_groups(
+    x: np.ndarray, codes: np.ndarray, divide_std: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """``(x - mean_g) / (std_ddof1_g + 1e-6)`` per code g; a code with one row gives 0.
 
     ``divide_std=False`` only centres: ``x - mean_g`` (verl-agent's ``mean_norm``).
