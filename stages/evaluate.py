@@ -8,8 +8,9 @@ long-format ``eval`` rows, overall (task_type null) and per task type:
   (10 household/ALFWorld/shop, 1 search);
 * ``mean_return``: mean of G = Σ_t r_t + R (step rewards incl. invalid-action penalties, plus outcome);
 * ``mean_turns``: mean number of turns;
-* ``mean_score``: mean task score in [0, 1] — the ``score`` column when the rollout records one
-  (WebShop-style partial credit), else clip(R / R⁺, 0, 1);
+* ``mean_score``: mean task score in [0, 1] — the ``score`` column the rollout records (WebShop's
+  partial credit for ``shop``: a purchase that matches the goal partly scores between 0 and 1 while
+  its success is 0), else (null score, e.g. external tables) clip(R / R⁺, 0, 1);
 * ``episodes``: number of episodes.
 
 Where it goes: the checkpoint written by the update of iteration i → ``iter_i/eval.parquet``
@@ -37,10 +38,9 @@ def episode_table(steps: pl.DataFrame, success_outcome: float) -> pl.DataFrame:
 
     ``steps`` needs traj_id, task_type, step, reward, outcome (and may carry ``score``).
     """
+    fallback = (pl.col("outcome").first() / success_outcome).clip(0.0, 1.0)
     score = (
-        pl.col("score").sort_by("step").last()
-        if "score" in steps.columns
-        else (pl.col("outcome").first() / success_outcome).clip(0.0, 1.0)
+        pl.col("score").sort_by("step").last().fill_null(fallback) if "score" in steps.columns else fallback
     )
     return steps.group_by("traj_id", maintain_order=True).agg(
         pl.col("task_type").first(),

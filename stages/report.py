@@ -36,6 +36,7 @@ TYPE_LABELS = {
     "pick_two_obj_and_place": "Pick2",
 }
 TYPE_ORDER = tuple(TYPE_LABELS)
+SCORED_ENVS = ("shop",)  # environments whose task score is reported beside success
 CURVES = (("success_rate", "success rate"), ("mean_return", "mean return"), ("mean_turns", "mean turns"))
 
 
@@ -46,6 +47,7 @@ class RunTables:
     label: str
     metrics: pl.DataFrame  # iter, stage, name, value, task_type, x
     eval: pl.DataFrame  # iter, checkpoint, name, value, task_type, x
+    env: str = ""  # environment name from the run's config ("" if unknown)
 
 
 def _concat(frames: list[pl.DataFrame], table: str) -> pl.DataFrame:
@@ -71,7 +73,11 @@ def load_run_tables(run: Run, label: str | None = None) -> RunTables:
         eval_frames.append(read_table(initial, "eval"))
     metrics = _concat(metrics_frames, "metrics").with_columns(pl.col("iter").alias("x"))
     evals = _concat(eval_frames, "eval").with_columns((pl.col("iter") + 1).alias("x"))
-    return RunTables(label or run.root.name, metrics, evals)
+    try:
+        env = run.load_config().env.name
+    except GraftError:  # a config this graft cannot read: the tables still report
+        env = ""
+    return RunTables(label or run.root.name, metrics, evals, env)
 
 
 def training_curve(metrics: pl.DataFrame, name: str) -> pl.DataFrame:
@@ -122,7 +128,7 @@ def order_task_types(types: list[str]) -> list[str]:
 
 def per_type_table(tables: list[RunTables]) -> str:
     """A Markdown table like the paper's Table 1: success % per task type and All, last evaluation
-    (plus Score %, the mean task score, when it differs from success as in WebShop).
+    (plus Score %, the mean task score, for ``shop`` runs and wherever it differs from success).
 
     A run without evaluations falls back to its last training rollout (marked ``(train)``).
     Cells of types a run never saw are ``–``.
@@ -152,8 +158,11 @@ def per_type_table(tables: list[RunTables]) -> str:
             (f"{label} @ {last_x} updates", per_type, 100.0 * float(score[0]) if score.len() else None)
         )
     types = order_task_types(sorted(all_types))
-    # a Score column only where it says more than success (WebShop-style partial credit)
-    has_score = any(r[2] is not None and abs(r[2] - r[1].get("All", r[2])) > 1e-9 for r in rows)
+    # Score beside Success for WebShop-style environments (the paper's Table 1), and wherever the
+    # score says more than success (partial credit)
+    has_score = any(t.env in SCORED_ENVS for t in tables) or any(
+        r[2] is not None and abs(r[2] - r[1].get("All", r[2])) > 1e-9 for r in rows
+    )
     header = ["run", *(TYPE_LABELS.get(t, t or "(none)") for t in types), "All"] + (
         ["Score"] if has_score else []
     )
