@@ -223,7 +223,7 @@ METRICS = TableSpec(
 
 EVAL = TableSpec(
     "eval",
-    1,
+    2,  # v2 added `split`; v1 tables read with split null
     "long-format evaluation results on held-out tasks",
     (
         _c("iter", _i32, "training iteration of the evaluated checkpoint"),
@@ -231,7 +231,15 @@ EVAL = TableSpec(
         _c("name", _str, "metric name (success_rate, mean_turns, mean_score, mean_return, episodes)"),
         _c("value", _f64, "metric value"),
         _c("task_type", _str, "task type, null for all tasks", True),
+        _c(
+            "split",
+            _str,
+            "evaluation split (e.g. ALFWorld valid_seen / valid_unseen) when several were evaluated; "
+            "null for all evaluated episodes",
+            True,
+        ),
     ),
+    reads=(1,),
 )
 
 UPDATE = TableSpec(

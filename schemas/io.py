@@ -33,7 +33,7 @@ def conform(data: pl.DataFrame | pa.Table, table: str, source: str = "<memory>")
     if table == "steps":
         arrow = _fill_step_defaults(arrow)
     missing = [c for c in spec.column_names if c not in arrow.column_names]
-    optional = STEPS_OPTIONAL if table == "steps" else ()
+    optional = STEPS_OPTIONAL if table == "steps" else ("split",) if table == "eval" else ()
     required_missing = [c for c in missing if c not in optional]
     if required_missing:
         raise GraftError(f"{source}: {table} table is missing column(s) {', '.join(required_missing)}")

@@ -94,8 +94,9 @@ def training_curve(metrics: pl.DataFrame, name: str) -> pl.DataFrame:
 
 def eval_curve(evals: pl.DataFrame, name: str) -> pl.DataFrame:
     """Per-evaluation value of eval metric ``name`` over all tasks: columns x, value (sorted)."""
+    overall = pl.col("split").is_null() if "split" in evals.columns else pl.lit(True)
     return (
-        evals.filter((pl.col("name") == name) & pl.col("task_type").is_null())
+        evals.filter((pl.col("name") == name) & pl.col("task_type").is_null() & overall)
         .group_by("x")
         .agg(pl.col("value").mean())
         .sort("x")
@@ -145,18 +146,15 @@ def per_type_table(tables: list[RunTables]) -> str:
             continue
         last_x = frame["x"].max()
         last = frame.filter(pl.col("x") == last_x)
-        success = last.filter(pl.col("name") == "success_rate")
-        per_type = {
-            r["task_type"]: 100.0 * r["value"]
-            for r in success.filter(pl.col("task_type").is_not_null()).iter_rows(named=True)
-        }
-        overall = success.filter(pl.col("task_type").is_null())["value"]
-        per_type["All"] = 100.0 * float(overall[0]) if overall.len() else float("nan")
-        score = last.filter((pl.col("name") == "mean_score") & pl.col("task_type").is_null())["value"]
-        all_types.update(k for k in per_type if k != "All")
-        rows.append(
-            (f"{label} @ {last_x} updates", per_type, 100.0 * float(score[0]) if score.len() else None)
-        )
+        if "split" not in last.columns:
+            last = last.with_columns(pl.lit(None, dtype=pl.String).alias("split"))
+        # all evaluated episodes first, then each split (e.g. ALFWorld valid_seen / valid_unseen)
+        for split in [None, *last["split"].drop_nulls().unique().sort().to_list()]:
+            part = last.filter(pl.col("split").is_null() if split is None else pl.col("split") == split)
+            per_type, score = _success_and_score(part)
+            all_types.update(k for k in per_type if k != "All")
+            name = label if split is None else f"{label} [{split}]"
+            rows.append((f"{name} @ {last_x} updates", per_type, score))
     types = order_task_types(sorted(all_types))
     # Score beside Success for WebShop-style environments (the paper's Table 1), and wherever the
     # score says more than success (partial credit)
@@ -173,6 +171,19 @@ def per_type_table(tables: list[RunTables]) -> str:
             cells.append(f"{score:.1f}" if score is not None else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _success_and_score(last: pl.DataFrame) -> tuple[dict[str, float], float | None]:
+    """Success % per task type and "All", and the overall Score % (None without mean_score rows)."""
+    success = last.filter(pl.col("name") == "success_rate")
+    per_type = {
+        r["task_type"]: 100.0 * r["value"]
+        for r in success.filter(pl.col("task_type").is_not_null()).iter_rows(named=True)
+    }
+    overall = success.filter(pl.col("task_type").is_null())["value"]
+    per_type["All"] = 100.0 * float(overall[0]) if overall.len() else float("nan")
+    score = last.filter((pl.col("name") == "mean_score") & pl.col("task_type").is_null())["value"]
+    return per_type, 100.0 * float(score[0]) if score.len() else None
 
 
 def plot_curves(tables: list[RunTables], path: Path) -> Path:
