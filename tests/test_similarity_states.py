@@ -113,6 +113,40 @@ def test_bootstrap_lets_a_cut_end_merge_with_continuations():
     assert node["cut"] != node["mid"]  # under "fail" the cut end is an end (R = 0)
 
 
+def test_constrained_clustering_matches_a_sequential_reference():
+    from stages.graph import _constrained_leader_clusters, _leader_clusters
+
+    rng = np.random.default_rng(7)
+    for _ in range(25):
+        k = int(rng.integers(2, 30))
+        x = rng.normal(size=(k, 3))
+        unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+        tau = float(rng.uniform(0.2, 0.9))
+        end_class = rng.integers(-1, 2, size=k)
+        pairs = rng.integers(0, k, size=(int(rng.integers(0, k)), 2))
+        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+        a, b = pairs[:, 0], pairs[:, 1]
+        linked_pairs = {(int(p), int(q)) for p, q in pairs} | {(int(q), int(p)) for p, q in pairs}
+        # reference: row by row, earliest allowed leader, checking members one by one
+        leader: list[int] = []
+        for i in range(k):
+            choice = i
+            for head in dict.fromkeys(leader):
+                members = [j for j in range(i) if leader[j] == head]
+                linked = any((i, j) in linked_pairs for j in members)
+                if unit[i] @ unit[head] >= tau and end_class[head] == end_class[i] and not linked:
+                    choice = head
+                    break
+            leader.append(choice)
+        assert _constrained_leader_clusters(unit, tau, end_class, a, b).tolist() == leader
+        # without constraints it is the plain leader clustering
+        none = np.zeros(0, dtype=np.int64)
+        assert (
+            _constrained_leader_clusters(unit, tau, np.full(k, -1), none, none).tolist()
+            == _leader_clusters(unit, tau).tolist()
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # the real encoder on real HotpotQA contexts
 
