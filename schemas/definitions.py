@@ -29,6 +29,7 @@ class TableSpec:
     version: int
     description: str
     columns: tuple[ColumnSpec, ...]
+    reads: tuple[int, ...] = ()  # older versions readers still accept (their missing columns are nullable)
 
     @property
     def schema(self) -> pa.Schema:
@@ -56,7 +57,7 @@ _i32, _f64, _str, _bool = pa.int32(), pa.float64(), pa.string(), pa.bool_()
 
 STEPS = TableSpec(
     "steps",
-    1,
+    2,  # v2 added `score`; v1 tables read with score null
     "one row per executed transition; the input contract for external rollouts too",
     (
         _c("iter", _i32, "training iteration (0 for external data)"),
@@ -83,8 +84,44 @@ STEPS = TableSpec(
         _c("choices", pa.list_(_str), "the admissible set in `choose` mode", True),
         _c("policy_version", _str, "checkpoint that acted", True),
         _c("error", _str, "environment exception that truncated this trajectory, if any", True),
+        _c(
+            "score",
+            _f64,
+            "the episode's task score in [0, 1] (WebShop's partial credit; 1/0 = won/lost elsewhere), "
+            "same on all its rows; null when not recorded",
+            True,
+        ),
     ),
+    reads=(1,),
 )
+
+# What the credit stages (graph, solve, advantage) need from an external steps table; nothing else
+# is read by the rules (schemas.validate) or the estimators.
+STEPS_CREDIT = (
+    "group_id",
+    "traj_id",
+    "step",
+    "state",
+    "next_state",
+    "action",
+    "reward",
+    "outcome",
+    "done",
+    "terminated",
+    "truncated",
+)
+
+# Columns an external table may omit, and what fills them (a constant or another column).
+STEPS_DEFAULTS: dict[str, str] = {
+    "iter": "0",
+    "task_id": "group_id",
+    "task_type": '""',
+    "observation": "state",
+    "valid": "true",
+}
+
+# Columns only the policy update reads (nullable; absent means the rows cannot be trained on).
+STEPS_TRAINING = ("prompt", "response", "prompt_ids", "response_ids", "response_logprobs", "choices")
 
 # Columns an external steps table may omit; readers fill them with nulls.
 STEPS_OPTIONAL = (
@@ -96,7 +133,20 @@ STEPS_OPTIONAL = (
     "choices",
     "policy_version",
     "error",
+    "score",
 )
+
+
+def steps_column_role(name: str) -> str:
+    """What `graft schema steps` says about a steps column: required for credit, default, training, optional."""
+    if name in STEPS_CREDIT:
+        return "required (credit)"
+    if name in STEPS_DEFAULTS:
+        return f"default {STEPS_DEFAULTS[name]}"
+    if name in STEPS_TRAINING:
+        return "training only"
+    return "optional"
+
 
 NODES = TableSpec(
     "nodes",
@@ -173,7 +223,7 @@ METRICS = TableSpec(
 
 EVAL = TableSpec(
     "eval",
-    1,
+    2,  # v2 added `split`; v1 tables read with split null
     "long-format evaluation results on held-out tasks",
     (
         _c("iter", _i32, "training iteration of the evaluated checkpoint"),
@@ -181,7 +231,15 @@ EVAL = TableSpec(
         _c("name", _str, "metric name (success_rate, mean_turns, mean_score, mean_return, episodes)"),
         _c("value", _f64, "metric value"),
         _c("task_type", _str, "task type, null for all tasks", True),
+        _c(
+            "split",
+            _str,
+            "evaluation split (e.g. ALFWorld valid_seen / valid_unseen) when several were evaluated; "
+            "null for all evaluated episodes",
+            True,
+        ),
     ),
+    reads=(1,),
 )
 
 UPDATE = TableSpec(

@@ -10,7 +10,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas.definitions import STEPS_OPTIONAL, TABLES, TableSpec
+from schemas.definitions import STEPS, STEPS_DEFAULTS, STEPS_OPTIONAL, TABLES, TableSpec
 from schemas.errors import GraftError
 
 
@@ -30,8 +30,10 @@ def conform(data: pl.DataFrame | pa.Table, table: str, source: str = "<memory>")
     """
     spec = _spec(table)
     arrow = data.to_arrow() if isinstance(data, pl.DataFrame) else data
+    if table == "steps":
+        arrow = _fill_step_defaults(arrow)
     missing = [c for c in spec.column_names if c not in arrow.column_names]
-    optional = STEPS_OPTIONAL if table == "steps" else ()
+    optional = STEPS_OPTIONAL if table == "steps" else ("split",) if table == "eval" else ()
     required_missing = [c for c in missing if c not in optional]
     if required_missing:
         raise GraftError(f"{source}: {table} table is missing column(s) {', '.join(required_missing)}")
@@ -52,6 +54,25 @@ def conform(data: pl.DataFrame | pa.Table, table: str, source: str = "<memory>")
             raise GraftError(f"{source}: column '{col.name}' has {column.null_count} null value(s)")
         arrays.append(column)
     return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+def _fill_step_defaults(arrow: pa.Table) -> pa.Table:
+    """Add the steps columns an external table may omit (STEPS_DEFAULTS): iter 0, task_id = group_id,
+    task_type "", observation = state, valid true. Needs the columns they copy; otherwise left missing
+    (the caller then names them)."""
+    n = arrow.num_rows
+    for name, fill in STEPS_DEFAULTS.items():
+        if name in arrow.column_names:
+            continue
+        if fill in arrow.column_names:
+            column = arrow.column(fill)
+        elif fill in ("group_id", "state"):
+            continue
+        else:
+            value = {"0": 0, '""': "", "true": True}[fill]
+            column = pa.array([value] * n, type=STEPS.column(name).type)
+        arrow = arrow.append_column(name, column)
+    return arrow
 
 
 def publish_mode(path: str | Path, directory: bool = False) -> None:
@@ -107,7 +128,7 @@ def read_table(path: str | Path, table: str, *, require_stamp: bool = True) -> p
     else:
         if name.decode() != table:
             raise GraftError(f"{path}: holds the '{name.decode()}' table, expected '{table}'")
-        if version is None or int(version) != spec.version:
+        if version is None or int(version) not in (spec.version, *spec.reads):
             got = version.decode() if version else "none"
             raise GraftError(f"{path}: {table} schema version {got}, this graft reads version {spec.version}")
     arrow = pq.read_table(path)

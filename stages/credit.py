@@ -65,7 +65,15 @@ def make_embedder(config: Config, cache: str | Path | None = None) -> Embedder |
         return None
     from stages.embed import SentenceEncoder
 
-    return SentenceEncoder(config.graph.embed_model, config.graph.embed_batch, cache)
+    return SentenceEncoder(
+        config.graph.embed_model, config.graph.embed_batch, cache, config.graph.long_states
+    )
+
+
+def embed_metrics(embedder: Embedder | None) -> dict[str, float]:
+    """``similarity_truncated``: state texts longer than the encoder's window (embedded in windows)."""
+    over = getattr(embedder, "over_window", None)
+    return {} if over is None else {"similarity_truncated": float(over)}
 
 
 def graph(
@@ -136,12 +144,9 @@ def run_all(
     config = config or Config()
     steps = _as_steps(steps, "<steps>")
     t0 = time.perf_counter()
+    embedder = embedder or make_embedder(config)
     nodes, edges = build_graph(
-        steps,
-        config.graph.canonicalize,
-        config.graph.tau,
-        config.graph.truncation,
-        embedder or make_embedder(config),
+        steps, config.graph.canonicalize, config.graph.tau, config.graph.truncation, embedder
     )
     t1 = time.perf_counter()
     values = solve_values(nodes, edges, config.solve.gamma, config.solve.eps)
@@ -151,7 +156,11 @@ def run_all(
     iteration = int(steps["iter"][0]) if steps.height else 0
     metrics = pl.concat(
         [
-            metrics_frame(iteration, "graph", {**graph_metrics(nodes, edges), "seconds": t1 - t0}),
+            metrics_frame(
+                iteration,
+                "graph",
+                {**graph_metrics(nodes, edges), **embed_metrics(embedder), "seconds": t1 - t0},
+            ),
             metrics_frame(iteration, "solve", {**solve_metrics(values, edges), "seconds": t2 - t1}),
             metrics_frame(iteration, "advantage", {**advantage_metrics(adv), "seconds": t3 - t2}),
         ]
@@ -206,8 +215,9 @@ def _graph_stage(
     steps = read_table(steps_path, "steps", require_stamp=require_stamp)
     validate_steps(steps, source=str(steps_path))
     g = config.graph
-    nodes, edges = build_graph(steps, g.canonicalize, g.tau, g.truncation, make_embedder(config, cache))
-    metrics = {**graph_metrics(nodes, edges), "seconds": time.perf_counter() - t0}
+    embedder = make_embedder(config, cache)
+    nodes, edges = build_graph(steps, g.canonicalize, g.tau, g.truncation, embedder)
+    metrics = {**graph_metrics(nodes, edges), **embed_metrics(embedder), "seconds": time.perf_counter() - t0}
     write_metrics(folder, "graph", iteration, metrics, steps, (nodes, edges))
     write_table(nodes, "nodes", folder / "nodes.parquet")
     write_table(edges, "edges", folder / "edges.parquet")

@@ -2,14 +2,17 @@
 
 The policy of a checkpoint plays ``config.env.eval_tasks`` tasks of the environment's ``eval`` split
 (``config.eval.group_size`` episodes each) at ``config.eval.temperature``; the episodes are reduced to
-long-format ``eval`` rows, overall (task_type null) and per task type:
+long-format ``eval`` rows, overall (task_type null) and per task type, for all episodes (split null)
+and, when the environment labels splits and the episodes span several (ALFWorld ``eval_split =
+"both"``), per split too:
 
 * ``success_rate``: share of episodes whose outcome reached the environment's success outcome R⁺
   (10 household/ALFWorld/shop, 1 search);
 * ``mean_return``: mean of G = Σ_t r_t + R (step rewards incl. invalid-action penalties, plus outcome);
 * ``mean_turns``: mean number of turns;
-* ``mean_score``: mean task score in [0, 1] — the ``score`` column when the rollout records one
-  (WebShop-style partial credit), else clip(R / R⁺, 0, 1);
+* ``mean_score``: mean task score in [0, 1] — the ``score`` column the rollout records (WebShop's
+  partial credit for ``shop``: a purchase that matches the goal partly scores between 0 and 1 while
+  its success is 0), else (null score, e.g. external tables) clip(R / R⁺, 0, 1);
 * ``episodes``: number of episodes.
 
 Where it goes: the checkpoint written by the update of iteration i → ``iter_i/eval.parquet``
@@ -18,6 +21,7 @@ Where it goes: the checkpoint written by the update of iteration i → ``iter_i/
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +41,9 @@ def episode_table(steps: pl.DataFrame, success_outcome: float) -> pl.DataFrame:
 
     ``steps`` needs traj_id, task_type, step, reward, outcome (and may carry ``score``).
     """
+    fallback = (pl.col("outcome").first() / success_outcome).clip(0.0, 1.0)
     score = (
-        pl.col("score").sort_by("step").last()
-        if "score" in steps.columns
-        else (pl.col("outcome").first() / success_outcome).clip(0.0, 1.0)
+        pl.col("score").sort_by("step").last().fill_null(fallback) if "score" in steps.columns else fallback
     )
     return steps.group_by("traj_id", maintain_order=True).agg(
         pl.col("task_type").first(),
@@ -68,15 +71,38 @@ def summary_rows(episodes: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def eval_rows(steps: pl.DataFrame, success_outcome: float, iteration: int, checkpoint: str) -> pl.DataFrame:
-    """The ``eval`` table of one evaluation from its steps (pure)."""
-    rows = summary_rows(episode_table(steps, success_outcome))
-    return rows.select(
+def eval_rows(
+    steps: pl.DataFrame,
+    success_outcome: float,
+    iteration: int,
+    checkpoint: str,
+    split_of: Callable[[str], str] | None = None,
+) -> pl.DataFrame:
+    """The ``eval`` table of one evaluation from its steps (pure).
+
+    Rows with ``split`` null summarize every episode. ``split_of`` (the environment's, e.g. ALFWorld's
+    valid_seen / valid_unseen from the task id) adds the same rows per split when the episodes come
+    from two or more splits, so in- and out-of-distribution results are reported separately.
+    """
+    episodes = episode_table(steps, success_outcome)
+    frames = [summary_rows(episodes).with_columns(pl.lit(None, dtype=pl.String).alias("split"))]
+    if split_of is not None:
+        splits = steps.group_by("traj_id", maintain_order=True).agg(pl.col("task_id").first())
+        labelled = episodes.with_columns(
+            split=pl.Series([split_of(t) for t in splits["task_id"].to_list()], dtype=pl.String)
+        )
+        names = labelled["split"].unique(maintain_order=True).sort()
+        if names.len() >= 2:
+            for name in names.to_list():
+                part = labelled.filter(pl.col("split") == name).drop("split")
+                frames.append(summary_rows(part).with_columns(pl.lit(name).alias("split")))
+    return pl.concat(frames).select(
         pl.lit(iteration, dtype=pl.Int32).alias("iter"),
         pl.lit(checkpoint).alias("checkpoint"),
         "name",
         "value",
         "task_type",
+        "split",
     )
 
 
@@ -135,7 +161,9 @@ def evaluate_model(
         max_prompt_tokens=config.rollout.max_prompt_tokens,
         max_env_errors=config.rollout.max_env_errors,
     )
-    return eval_rows(steps, float(env.success_outcome), iteration, checkpoint_name)
+    return eval_rows(
+        steps, float(env.success_outcome), iteration, checkpoint_name, getattr(env, "split_of", None)
+    )
 
 
 def run_eval(run: Run, iteration: int, config: Config) -> None:

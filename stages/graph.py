@@ -3,9 +3,13 @@
 For every rollout group the N trajectories are merged into one directed multigraph:
 
 * **nodes** -- φ maps a state key to a node. ``exact``: one node per distinct ``state`` string.
-  ``similarity``: the distinct strings are embedded (sentence-transformers), L2-normalized and
-  clustered greedily in (trajectory, step) order -- a string joins the earliest cluster whose *leader*
-  has cosine >= τ, else it leads a new cluster; identical strings always share a node.
+  ``similarity``: the distinct strings are embedded (sentence-transformers, stages.embed: never cut,
+  long texts in windows), L2-normalized and clustered greedily in (trajectory, step) order -- a string
+  joins the earliest cluster whose *leader* has cosine >= τ, else it leads a new cluster; identical
+  strings always share a node. Two structural rules hold whatever the cosine: an end state (where a
+  trajectory ends) joins only clusters of end states with the same outcome R, never a state where no
+  trajectory ends; and the two states of a step (state != next_state) never share a node, so a step
+  never becomes a self-loop just because its states read alike (docs/design.md, "Similarity states").
 * **edges** -- each steps row is one raw edge instance ``src = φ(state) -> dst = φ(next_state)``
   carrying the step reward r_t; the edges table is row-aligned with the steps table.
 * **ends** -- each trajectory's last row adds an end at its dst with terminal value ``outcome``
@@ -139,10 +143,58 @@ def _rank_within(groups: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _similarity_leaders(
-    texts: pl.Series, key_group: np.ndarray, tau: float, embedder: Embedder | None
+def _constrained_leader_clusters(
+    unit: np.ndarray, tau: float, end_class: np.ndarray, link_a: np.ndarray, link_b: np.ndarray
 ) -> np.ndarray:
-    """Leader key index of each distinct key (keys in first-visit order; texts = their strings)."""
+    """Greedy leader clustering (rows in order) that keeps the two structural rules of SPEC §4.
+
+    Row i joins the earliest-created cluster whose leader has cosine >= tau, has the same
+    ``end_class`` (-1 = not an end; else the code of the end's outcome) and holds no row that i is
+    linked with (``link_a[j] <-> link_b[j]``: the two states of one step); else it leads a new
+    cluster. Every cluster therefore has one end class, and no linked pair shares a cluster. When the
+    unconstrained clustering already satisfies both rules the result is the same (each row makes the
+    same choice). Returns the leader row index of each row (k,).
+    """
+    k = unit.shape[0]
+    partners: list[list[int]] = [[] for _ in range(k)]
+    for a, b in zip(link_a.tolist(), link_b.tolist(), strict=True):
+        partners[a].append(b)
+        partners[b].append(a)
+    dense = unit @ unit.T if k <= _DENSE_CLUSTER_MAX else None
+    leader = np.full(k, -1, dtype=np.int64)
+    leaders: list[int] = []
+    for i in range(k):
+        if leaders:
+            heads = np.asarray(leaders, dtype=np.int64)
+            sims = dense[i, heads] if dense is not None else unit[heads] @ unit[i]
+            candidates = heads[(sims >= tau) & (end_class[heads] == end_class[i])]
+            if candidates.size:
+                banned = {int(leader[j]) for j in partners[i] if leader[j] >= 0}
+                leader[i] = next((int(c) for c in candidates if int(c) not in banned), -1)
+        if leader[i] < 0:
+            leader[i] = i
+            leaders.append(i)
+    return leader
+
+
+def _breaks_rules(leader: np.ndarray, end_class: np.ndarray, link_a: np.ndarray, link_b: np.ndarray) -> bool:
+    """A cluster mixes end classes, or a step's two (different) states share a cluster."""
+    return bool((end_class[leader] != end_class).any() or (leader[link_a] == leader[link_b]).any())
+
+
+def _similarity_leaders(
+    texts: pl.Series,
+    key_group: np.ndarray,
+    tau: float,
+    embedder: Embedder | None,
+    end_class: np.ndarray,
+    links: tuple[np.ndarray, np.ndarray],
+) -> np.ndarray:
+    """Leader key index of each distinct key (keys in first-visit order; texts = their strings).
+
+    ``end_class`` (per key) and ``links`` (key pairs of steps whose two states differ) are the
+    structural rules; see ``_constrained_leader_clusters``.
+    """
     if embedder is None:
         from stages.embed import default_embedder
 
@@ -155,12 +207,60 @@ def _similarity_leaders(
     unit = vectors / np.where(norms > 0, norms, 1.0)
     text_of_key = texts.cast(pl.Enum(distinct)).to_physical().to_numpy().astype(np.int64)
     leader = np.empty(texts.len(), dtype=np.int64)
+    local = np.empty(texts.len(), dtype=np.int64)  # position of each key inside its group
     order = np.argsort(key_group, kind="stable")  # keeps first-visit order inside each group
     bounds = np.flatnonzero(np.diff(key_group[order])) + 1
-    for idx in np.split(order, bounds):
-        if idx.size:
-            leader[idx] = idx[_leader_clusters(unit[text_of_key[idx]], tau)]
+    groups = [idx for idx in np.split(order, bounds) if idx.size]
+    for idx in groups:
+        local[idx] = np.arange(idx.size)
+    link_a, link_b = links
+    link_group = key_group[link_a]
+    link_order = np.argsort(link_group, kind="stable")
+    link_bounds = np.searchsorted(link_group[link_order], key_group[[idx[0] for idx in groups]])
+    link_ends = np.searchsorted(link_group[link_order], key_group[[idx[0] for idx in groups]], side="right")
+    for idx, lo, hi in zip(groups, link_bounds, link_ends, strict=True):
+        group_unit = unit[text_of_key[idx]]
+        group_class = end_class[idx]
+        mine = link_order[lo:hi]
+        a, b = local[link_a[mine]], local[link_b[mine]]
+        found = _leader_clusters(group_unit, tau)
+        if _breaks_rules(found, group_class, a, b):
+            found = _constrained_leader_clusters(group_unit, tau, group_class, a, b)
+        leader[idx] = idx[found]
     return leader
+
+
+def _structural_rules(
+    steps: pl.DataFrame,
+    visit: np.ndarray,
+    key_of_visit: np.ndarray,
+    rank: np.ndarray,
+    n_keys: int,
+    truncation: str,
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Per key its end class, and the key pairs that must not share a node (SPEC §4 Graph).
+
+    End class: -1 for a state no trajectory ends at; else the (dense) code of the outcome R of the
+    first trajectory that ends there -- an end state is the next_state of a trajectory's last row
+    (under ``truncation="bootstrap"`` the end of a cut, not terminated, trajectory does not count: its
+    value is meant to come from the continuations it merges with). Links: (key of s_t, key of s_{t+1})
+    of every row whose two state strings differ.
+    """
+    n = steps.height
+    src_key = key_of_visit[2 * rank]
+    dst_key = key_of_visit[2 * rank + 1]
+    ends = steps["done"].to_numpy().astype(bool)
+    if truncation == "bootstrap":
+        ends &= ~(steps["truncated"].to_numpy().astype(bool) & ~steps["terminated"].to_numpy().astype(bool))
+    end_class = np.full(n_keys, -1, dtype=np.int64)
+    end_rows = np.flatnonzero(ends)
+    if end_rows.size:
+        outcome_code = np.unique(steps["outcome"].to_numpy()[end_rows], return_inverse=True)[1].ravel()
+        by_visit = np.argsort(rank[end_rows], kind="stable")
+        keys, first = np.unique(dst_key[end_rows[by_visit]], return_index=True)  # each key's first end
+        end_class[keys] = outcome_code[by_visit][first]
+    differ = np.flatnonzero(src_key != dst_key) if n else np.zeros(0, dtype=np.int64)
+    return end_class, (src_key[differ], dst_key[differ])
 
 
 def build_graph(
@@ -224,7 +324,8 @@ def build_graph(
     if canonicalize == "exact":
         leader = np.arange(first_pos.size)
     else:
-        leader = _similarity_leaders(key_text, key_group, tau, embedder)
+        end_class, links = _structural_rules(steps, visit, key_of_visit, rank, first_pos.size, truncation)
+        leader = _similarity_leaders(key_text, key_group, tau, embedder, end_class, links)
     is_leader = leader == np.arange(first_pos.size)
     leaders = np.flatnonzero(is_leader)  # in first-visit order
     # Groups ordered by their first visit; node ids numbered within the group in first-visit order.

@@ -247,6 +247,6 @@ def iteration_summary(run: Run, iteration: int, config: Config) -> dict[str, flo
         out.update({r["name"]: r["value"] for r in rows.iter_rows(named=True) if r["name"] not in out})
     eval_path = run.table_path(iteration, "eval")
     if eval_path.is_file():
-        rows = read_table(eval_path, "eval").filter(pl.col("task_type").is_null())
+        rows = read_table(eval_path, "eval").filter(pl.col("task_type").is_null() & pl.col("split").is_null())
         out.update({f"eval_{r['name']}": r["value"] for r in rows.iter_rows(named=True)})
     return out

@@ -38,6 +38,7 @@ TYPE_LABELS = {
     "pick_two_obj_and_place": "Pick2",
 }
 TYPE_ORDER = tuple(TYPE_LABELS)
+SCORED_ENVS = ("shop",)  # environments whose task score is reported beside success
 CURVES = (("success_rate", "success rate"), ("mean_return", "mean return"), ("mean_turns", "mean turns"))
 # update-stage summary rows (metrics_update.parquet: means over the iteration's optimizer steps)
 UPDATE_PANELS = (
@@ -56,6 +57,7 @@ class RunTables:
     label: str
     metrics: pl.DataFrame  # iter, stage, name, value, task_type, x
     eval: pl.DataFrame  # iter, checkpoint, name, value, task_type, x
+    env: str = ""  # environment name from the run's config ("" if unknown)
 
 
 def _concat(frames: list[pl.DataFrame], table: str) -> pl.DataFrame:
@@ -81,7 +83,11 @@ def load_run_tables(run: Run, label: str | None = None) -> RunTables:
         eval_frames.append(read_table(initial, "eval"))
     metrics = _concat(metrics_frames, "metrics").with_columns(pl.col("iter").alias("x"))
     evals = _concat(eval_frames, "eval").with_columns((pl.col("iter") + 1).alias("x"))
-    return RunTables(label or run.root.name, metrics, evals)
+    try:
+        env = run.load_config().env.name
+    except GraftError:  # a config this graft cannot read: the tables still report
+        env = ""
+    return RunTables(label or run.root.name, metrics, evals, env)
 
 
 def training_curve(metrics: pl.DataFrame, name: str) -> pl.DataFrame:
@@ -98,8 +104,9 @@ def training_curve(metrics: pl.DataFrame, name: str) -> pl.DataFrame:
 
 def eval_curve(evals: pl.DataFrame, name: str) -> pl.DataFrame:
     """Per-evaluation value of eval metric ``name`` over all tasks: columns x, value (sorted)."""
+    overall = pl.col("split").is_null() if "split" in evals.columns else pl.lit(True)
     return (
-        evals.filter((pl.col("name") == name) & pl.col("task_type").is_null())
+        evals.filter((pl.col("name") == name) & pl.col("task_type").is_null() & overall)
         .group_by("x")
         .agg(pl.col("value").mean())
         .sort("x")
@@ -146,7 +153,7 @@ def order_task_types(types: list[str]) -> list[str]:
 
 def per_type_table(tables: list[RunTables]) -> str:
     """A Markdown table like the paper's Table 1: success % per task type and All, last evaluation
-    (plus Score %, the mean task score, when it differs from success as in WebShop).
+    (plus Score %, the mean task score, for ``shop`` runs and wherever it differs from success).
 
     A run without evaluations falls back to its last training rollout (marked ``(train)``).
     Cells of types a run never saw are ``–``.
@@ -163,21 +170,21 @@ def per_type_table(tables: list[RunTables]) -> str:
             continue
         last_x = frame["x"].max()
         last = frame.filter(pl.col("x") == last_x)
-        success = last.filter(pl.col("name") == "success_rate")
-        per_type = {
-            r["task_type"]: 100.0 * r["value"]
-            for r in success.filter(pl.col("task_type").is_not_null()).iter_rows(named=True)
-        }
-        overall = success.filter(pl.col("task_type").is_null())["value"]
-        per_type["All"] = 100.0 * float(overall[0]) if overall.len() else float("nan")
-        score = last.filter((pl.col("name") == "mean_score") & pl.col("task_type").is_null())["value"]
-        all_types.update(k for k in per_type if k != "All")
-        rows.append(
-            (f"{label} @ {last_x} updates", per_type, 100.0 * float(score[0]) if score.len() else None)
-        )
+        if "split" not in last.columns:
+            last = last.with_columns(pl.lit(None, dtype=pl.String).alias("split"))
+        # all evaluated episodes first, then each split (e.g. ALFWorld valid_seen / valid_unseen)
+        for split in [None, *last["split"].drop_nulls().unique().sort().to_list()]:
+            part = last.filter(pl.col("split").is_null() if split is None else pl.col("split") == split)
+            per_type, score = _success_and_score(part)
+            all_types.update(k for k in per_type if k != "All")
+            name = label if split is None else f"{label} [{split}]"
+            rows.append((f"{name} @ {last_x} updates", per_type, score))
     types = order_task_types(sorted(all_types))
-    # a Score column only where it says more than success (WebShop-style partial credit)
-    has_score = any(r[2] is not None and abs(r[2] - r[1].get("All", r[2])) > 1e-9 for r in rows)
+    # Score beside Success for WebShop-style environments (the paper's Table 1), and wherever the
+    # score says more than success (partial credit)
+    has_score = any(t.env in SCORED_ENVS for t in tables) or any(
+        r[2] is not None and abs(r[2] - r[1].get("All", r[2])) > 1e-9 for r in rows
+    )
     header = ["run", *(TYPE_LABELS.get(t, t or "(none)") for t in types), "All"] + (
         ["Score"] if has_score else []
     )
@@ -188,6 +195,19 @@ def per_type_table(tables: list[RunTables]) -> str:
             cells.append(f"{score:.1f}" if score is not None else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _success_and_score(last: pl.DataFrame) -> tuple[dict[str, float], float | None]:
+    """Success % per task type and "All", and the overall Score % (None without mean_score rows)."""
+    success = last.filter(pl.col("name") == "success_rate")
+    per_type = {
+        r["task_type"]: 100.0 * r["value"]
+        for r in success.filter(pl.col("task_type").is_not_null()).iter_rows(named=True)
+    }
+    overall = success.filter(pl.col("task_type").is_null())["value"]
+    per_type["All"] = 100.0 * float(overall[0]) if overall.len() else float("nan")
+    score = last.filter((pl.col("name") == "mean_score") & pl.col("task_type").is_null())["value"]
+    return per_type, 100.0 * float(score[0]) if score.len() else None
 
 
 def plot_curves(tables: list[RunTables], path: Path) -> Path:

@@ -176,17 +176,35 @@ def ref_return_to_go(steps: pl.DataFrame, gamma: float, outcome_at_end_node: boo
     return [value[(r["traj_id"], r["step"])] for r in recs]
 
 
-def _step_norm(recs: list[dict], x: list[float]) -> list[float]:
+def _centre(x: float, xs: list[float], divide_std: bool) -> float:
+    if len(xs) < 2:
+        return 0.0
+    return _znorm(x, xs) if divide_std else x - _mean(xs)
+
+
+def _step_norm(recs: list[dict], x: list[float], divide_std: bool = True) -> list[float]:
     pools: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r, v in zip(recs, x, strict=True):
         pools[(r["group_id"], r["state"])].append(v)
-    return [_znorm(v, pools[(r["group_id"], r["state"])]) for r, v in zip(recs, x, strict=True)]
+    return [_centre(v, pools[(r["group_id"], r["state"])], divide_std) for r, v in zip(recs, x, strict=True)]
 
 
-def ref_gigpo(steps: pl.DataFrame, omega: float, gamma: float) -> list[float]:
+def ref_gigpo(
+    steps: pl.DataFrame, omega: float, gamma: float, cross_steps: bool = False, mode: str = "mean_std_norm"
+) -> list[float]:
+    """GiGPO per verl-agent's definitions; ``cross_steps``: episode pool = one G per step row."""
     recs = _records(steps)
-    episode = ref_grpo(steps)
-    step = _step_norm(recs, ref_return_to_go(steps, gamma))
+    ret = _traj_returns(recs)
+    pools: dict[str, list[float]] = defaultdict(list)
+    if cross_steps:
+        for r in recs:
+            pools[r["group_id"]].append(ret[r["traj_id"]])
+    else:
+        for group_id, trajs in _trajs_of_group(recs).items():
+            pools[group_id] = [ret[t] for t in trajs]
+    divide = mode == "mean_std_norm"
+    episode = [_centre(ret[r["traj_id"]], pools[r["group_id"]], divide) for r in recs]
+    step = _step_norm(recs, ref_return_to_go(steps, gamma), divide)
     return [e + omega * s for e, s in zip(episode, step, strict=True)]
 
 

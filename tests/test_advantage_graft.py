@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import stages.advantage.graft as graft_module
 from schemas import conform
 from schemas.config import AdvantageConfig
 from stages.advantage.compute import compute_advantages
@@ -131,13 +132,55 @@ def test_node_normalization_rules():
     assert size.tolist() == [1, 1, 3, 3, 3, 2, 2, 1]
 
 
+def test_node_normalization_zeroes_solver_noise():
+    # |x| below ZERO_TOL = 1000 × the solve tolerance counts as 0; a node whose spread is below it
+    # has zero spread. Just above the threshold the paper's rules apply unchanged.
+    tol = graft_module.ZERO_TOL
+    assert tol == 1000 * 1e-8
+    x = np.array([3e-9, -4e-7, 2 * tol, 5.0, 5.0 + 1e-9, -2.0, 1.0])
+    src = np.array([0, 1, 2, 3, 3, 4, 4])
+    adv, size = node_normalize(x, src, 5)
+    np.testing.assert_array_equal(adv[:2], [0.0, 0.0])  # old rule: 0.003 and -0.29
+    assert adv[2] == pytest.approx(2 * tol / (2 * tol + 1e-6))
+    np.testing.assert_array_equal(adv[3:5], [0.0, 0.0])  # spread 7e-10: old rule ±0.0007
+    std = statistics.stdev([-2.0, 1.0])
+    np.testing.assert_allclose(adv[5:], [-1.5 / (std + 1e-6), 1.5 / (std + 1e-6)])
+    assert size.tolist() == [1, 1, 1, 2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("seed", [1, 10])  # noise on a 3-edge node (1); on single-edge nodes too (10)
+def test_solver_noise_on_a_cyclic_group_is_not_credit(seed):
+    # A cyclic synthetic group solved to the default tolerance (ε = 1e-8) next to a near-exact solve.
+    # Rows whose exact Graph-GAE credit is 0 come back as |x| ~ 1e-9 from the ε-solve; Eq. 11 alone
+    # (zero_tol = 0) turns them into ±0.001 … ±0.01 of arbitrary sign. They must stay 0.
+    steps = synth_steps(groups=2, group_size=8, horizon=10, width=3, cycles=0.5, seed=seed)
+    nodes, edges = build_graph(steps)
+    index = index_graph(nodes, edges)
+    out = {}
+    for eps in (1e-8, 1e-15):
+        values = solve_values(nodes, edges, gamma=0.99, eps=eps)
+        out[eps] = graft_credit(index, node_values(index, values), edges, 0.99, 0.95, "graph", "node")
+    exact_zero = np.abs(out[1e-15].gae) < 1e-12
+    noisy = exact_zero & (np.abs(out[1e-8].gae) > 1e-12)
+    assert noisy.sum() >= 2  # the case really has solver noise
+    # Nodes whose every out-edge has exact credit 0 must give exactly 0 on every edge.
+    all_zero = np.bincount(index.src, weights=~exact_zero, minlength=index.n_nodes)[index.src] == 0
+    assert (noisy & all_zero).any()
+    np.testing.assert_array_equal(out[1e-8].advantage[all_zero], 0.0)
+    # Eq. 11 alone (zero_tol = 0) makes ±credit of the noise there.
+    unguarded, _ = node_normalize(out[1e-8].gae, index.src, index.n_nodes, zero_tol=0.0)
+    assert np.abs(unguarded[noisy & all_zero]).max() > 1e-3
+    # Elsewhere the credit does not depend on the solve tolerance.
+    np.testing.assert_allclose(out[1e-8].advantage, out[1e-15].advantage, atol=1e-3)
+
+
 def test_one_trajectory_group():
     steps = make_steps([("T", [("A", "B", 0.0), ("B", "C", -0.1), ("C", "E", 0.0)], 1.0, "terminated")])
     out, *_ = _credit(steps, gamma=0.9)
     # A chain: V(E) = 1, V(C) = 0.9, V(B) = -0.1 + 0.81, V(A) = 0.9 V(B); every TD is 0 and every
     # node group has one edge: advantage = 0 / (0 + 1e-6) = 0.
     np.testing.assert_allclose(out.td, 0.0, atol=1e-9)
-    np.testing.assert_allclose(out.advantage, out.gae / (np.abs(out.gae) + 1e-6))
+    np.testing.assert_array_equal(out.advantage, 0.0)  # rounding-level TDs are 0, not ±credit
     assert out.norm_group_size.tolist() == [1, 1, 1]
 
 

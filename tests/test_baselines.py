@@ -3,6 +3,7 @@ comparison with the row-loop references in tests/baseline_reference.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -30,6 +31,9 @@ from tests.baseline_reference import (
 EPS = 1e-6
 GAMMA = 0.9  # the solve's gamma (used by rtmc)
 CFG = AdvantageConfig()  # gigpo_omega = 1, gigpo_gamma = 0.95, graphgpo_w = 0.1
+# gigpo with grpo's episode statistics (one value per trajectory) instead of verl-agent's default
+# statistics over step rows; the hand examples below that predate the option use it.
+PER_TRAJ = AdvantageConfig(gigpo_cross_steps=False)
 
 
 def run(name: str, steps: pl.DataFrame, edges: pl.DataFrame, config: AdvantageConfig = CFG, gamma=GAMMA):
@@ -87,19 +91,54 @@ def test_gigpo_hand_example(example):
     s_s = math.sqrt((6.365**2 + 3.23**2 + 3.135**2) / 2) + EPS
     s_a = 5.05 * math.sqrt(2) + EPS
     step = [6.365 / s_s, 5.05 / s_a, -3.23 / s_s, -5.05 / s_a, -3.135 / s_s]
-    out = run("gigpo", *example)
+    out = run("gigpo", *example, config=PER_TRAJ)
     expected = [e + 1.0 * s for e, s in zip(GRPO_G1, step, strict=True)] + [0.0, 0.0]
     np.testing.assert_allclose(out.advantage, expected, atol=1e-12)
     assert out.norm_group_size.tolist() == [3, 2, 3, 2, 3, 1, 1]
 
     # omega scales the step part; gigpo_gamma is the step discount.
-    half = run("gigpo", *example, config=AdvantageConfig(gigpo_omega=0.5))
+    half = run("gigpo", *example, config=AdvantageConfig(gigpo_omega=0.5, gigpo_cross_steps=False))
     np.testing.assert_allclose(
         half.advantage, [e + 0.5 * s for e, s in zip(GRPO_G1, step, strict=True)] + [0.0, 0.0], atol=1e-12
     )
     # gamma 1: S = {10, -0.1, 0}: mean 3.3, deviations equal the episode ones.
-    flat = run("gigpo", *example, config=AdvantageConfig(gigpo_gamma=1.0))
+    flat = run("gigpo", *example, config=AdvantageConfig(gigpo_gamma=1.0, gigpo_cross_steps=False))
     np.testing.assert_allclose(flat.advantage[[0, 2, 4]], 2 * np.array(GRPO_G1)[[0, 2, 4]], atol=1e-12)
+
+
+# The default gigpo (verl-agent's ALFWorld script: mode mean_std_norm, episode statistics across step
+# rows). g1's rows carry G = [10, 10, -0.1, -0.1, 0] (T1 and T2 have two steps, T3 one): mean 19.8/5 =
+# 3.96, deviations [6.04, 6.04, -4.06, -4.06, -3.96], std_ddof1 = sqrt((2·6.04² + 2·4.06² + 3.96²)/4).
+# g2: one trajectory of two rows, both G = 10 -> deviation 0 -> 0.
+ROW_DEV = [6.04, 6.04, -4.06, -4.06, -3.96]
+ROW_STD = math.sqrt((2 * 6.04**2 + 2 * 4.06**2 + 3.96**2) / 4) + EPS
+STEP_DEV = [6.365, 5.05, -3.23, -5.05, -3.135]  # R_t minus its step-group mean (test above)
+
+
+def test_gigpo_default_is_verl_agent_alfworld(example):
+    assert CFG.gigpo_mode == "mean_std_norm" and CFG.gigpo_cross_steps
+    s_s = math.sqrt((6.365**2 + 3.23**2 + 3.135**2) / 2) + EPS
+    s_a = 5.05 * math.sqrt(2) + EPS
+    step = [STEP_DEV[0] / s_s, STEP_DEV[1] / s_a, STEP_DEV[2] / s_s, STEP_DEV[3] / s_a, STEP_DEV[4] / s_s]
+    out = run("gigpo", *example)
+    expected = [d / ROW_STD + s for d, s in zip(ROW_DEV, step, strict=True)] + [0.0, 0.0]
+    np.testing.assert_allclose(out.advantage, expected, atol=1e-12)
+    # It differs from the per-trajectory variant whenever trajectory lengths differ.
+    assert not np.allclose(out.advantage, run("gigpo", *example, config=PER_TRAJ).advantage)
+
+
+def test_gigpo_mean_norm_only_centres(example):
+    # mean_norm: A = (G - mean) + ω (R_t - mean), no division by the std.
+    rows = run("gigpo", *example, config=AdvantageConfig(gigpo_mode="mean_norm"))
+    expected = [d + s for d, s in zip(ROW_DEV, STEP_DEV, strict=True)] + [0.0, 0.0]
+    np.testing.assert_allclose(rows.advantage, expected, atol=1e-12)
+    # per trajectory: episode deviations from grpo's mean 3.3 (G = [10, -0.1, 0]).
+    traj = run("gigpo", *example, config=AdvantageConfig(gigpo_mode="mean_norm", gigpo_cross_steps=False))
+    episode = [6.7, 6.7, -3.4, -3.4, -3.3]
+    expected = [d + s for d, s in zip(episode, STEP_DEV, strict=True)] + [0.0, 0.0]
+    np.testing.assert_allclose(traj.advantage, expected, atol=1e-12)
+    with pytest.raises(GraftError, match="gigpo_mode"):
+        run("gigpo", *example, config=AdvantageConfig(gigpo_mode="median"))  # type: ignore[arg-type]
 
 
 def test_gigpo_groups_by_graph_node_not_state_string():
@@ -111,7 +150,7 @@ def test_gigpo_groups_by_graph_node_not_state_string():
         src=pl.when(pl.col("traj_id").eq("T2") & pl.col("step").eq(1)).then(node_a).otherwise("src"),
         dst=pl.when(pl.col("traj_id").eq("T2") & pl.col("step").eq(0)).then(node_a).otherwise("dst"),
     ).with_columns(pl.col("src", "dst").cast(pl.Int32))
-    out = run("gigpo", steps, edges)
+    out = run("gigpo", steps, edges, config=PER_TRAJ)
     assert out.norm_group_size.tolist() == [2, 2, 2, 2]
     # Episode: G = [10, -0.1] -> ±10.1/2 / (10.1/sqrt2) = ±1/sqrt2 (up to eps); step groups of two
     # are also ±1/sqrt2 each: S = {9.5, -0.095}, A = {10, -0.1}.
@@ -306,7 +345,7 @@ def test_rtmc_and_step_parts_are_centered_per_state(seed):
     steps, edges = _random_tables(seed)
     state = steps.select("group_id").with_columns(src=edges["src"])
     rtmc = run("rtmc", steps, edges).advantage
-    gigpo_step = run("gigpo", steps, edges).advantage - run("grpo", steps, edges).advantage
+    gigpo_step = run("gigpo", steps, edges, config=PER_TRAJ).advantage - run("grpo", steps, edges).advantage
     sums = state.with_columns(r=rtmc, s=gigpo_step).group_by("group_id", "src").agg(pl.col("r", "s").sum())
     np.testing.assert_allclose(sums["r"], 0.0, atol=1e-9)
     np.testing.assert_allclose(sums["s"], 0.0, atol=1e-7)
@@ -332,10 +371,15 @@ def test_graphgpo_step_to_a_successful_end_is_best_in_its_group(seed):
 def test_all_baselines_match_the_loop_references(seed, gamma, w):
     steps, edges = _random_tables(seed)
     config = AdvantageConfig(gigpo_gamma=gamma, graphgpo_w=w, gigpo_omega=0.7)
+    for cross, mode in [(False, "mean_std_norm"), (True, "mean_norm"), (False, "mean_norm")]:
+        variant = dataclasses.replace(config, gigpo_cross_steps=cross, gigpo_mode=mode)
+        out = run("gigpo", steps, edges, config=variant, gamma=gamma)
+        reference = ref_gigpo(steps, omega=0.7, gamma=gamma, cross_steps=cross, mode=mode)
+        np.testing.assert_allclose(out.advantage, reference, atol=1e-9, err_msg=f"gigpo {cross} {mode}")
     expected = {
         "grpo": ref_grpo(steps),
         "rloo": ref_rloo(steps),
-        "gigpo": ref_gigpo(steps, omega=0.7, gamma=gamma),
+        "gigpo": ref_gigpo(steps, omega=0.7, gamma=gamma, cross_steps=True),
         "salt": ref_salt(steps),
         "graphgpo": ref_graphgpo(steps, w=w),
         "rtmc": ref_rtmc(steps, gamma=gamma),
@@ -374,8 +418,11 @@ def test_unnormalized_credit_hand_example(example):
         atol=1e-12,
     )
     # gigpo step part X^S = R_t - mean over the src node (gamma 0.95, see test_gigpo_hand_example).
-    gigpo = baselines.unnormalized_credit("gigpo", inputs, CFG)
+    gigpo = baselines.unnormalized_credit("gigpo", inputs, PER_TRAJ)
     np.testing.assert_allclose(gigpo["episode"], x_e, atol=1e-12)
+    # default: centred over step rows (ROW_DEV); g2's one trajectory -> 0.
+    cross = baselines.unnormalized_credit("gigpo", inputs, CFG)["episode"]
+    np.testing.assert_allclose(cross, ROW_DEV + [0.0, 0.0], atol=1e-12)
     np.testing.assert_allclose(gigpo["step"], [6.365, 5.05, -3.23, -5.05, -3.135, 0.0, 0.0], atol=1e-12)
     # graphgpo step part: returns minus the src-group mean (see test_graphgpo_hand_example).
     graph = baselines.unnormalized_credit("graphgpo", inputs, CFG)
@@ -394,11 +441,13 @@ def test_normalizing_the_unnormalized_parts_gives_the_estimators(seed):
     state = baselines._Rows(inputs).codes("src")
     episode = baselines._grpo_episode(baselines._Rows(inputs))[0]
     for name in ("gigpo", "graphgpo"):
-        parts = baselines.unnormalized_credit(name, inputs, CFG)
+        parts = baselines.unnormalized_credit(name, inputs, PER_TRAJ)
         # The centered step part has the same normalization as the raw return (the mean cancels).
         step, _ = baselines._normalize_in_groups(parts["step"], state)
         omega = CFG.gigpo_omega if name == "gigpo" else 1.0
-        np.testing.assert_allclose(run(name, steps, edges).advantage, episode + omega * step, atol=1e-9)
+        np.testing.assert_allclose(
+            run(name, steps, edges, config=PER_TRAJ).advantage, episode + omega * step, atol=1e-9
+        )
     # grpo's normalized advantage is X^E divided by the group's (ddof 1) std over trajectories.
     x_e = baselines.unnormalized_credit("grpo", inputs, CFG)["episode"]
     grpo = run("grpo", steps, edges).advantage
@@ -424,7 +473,7 @@ def test_baselines_on_pipeline_graphs_match_the_references(seed):
     expected = {
         "grpo": ref_grpo(steps),
         "rloo": ref_rloo(steps),
-        "gigpo": ref_gigpo(steps, omega=1.0, gamma=0.9),
+        "gigpo": ref_gigpo(steps, omega=1.0, gamma=0.9, cross_steps=True),
         "salt": ref_salt(steps),
         "graphgpo": ref_graphgpo(steps, w=0.3),
         "rtmc": ref_rtmc(steps, gamma=0.8),

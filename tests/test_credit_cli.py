@@ -278,3 +278,57 @@ def test_metrics_per_task_type(runner, tmp_path):
     solve = read_table(out / "metrics_solve.parquet", "metrics")
     prop = solve.filter((pl.col("task_type") == "pick") & (pl.col("name") == "share_steps_propagation_1"))
     assert prop["value"].to_list() == [1.0]
+
+
+CREDIT_COLUMNS = [
+    "group_id",
+    "traj_id",
+    "step",
+    "state",
+    "next_state",
+    "action",
+    "reward",
+    "outcome",
+    "done",
+    "terminated",
+    "truncated",
+]
+
+
+def test_advantage_on_a_table_with_only_the_credit_columns(runner, tmp_path):
+    # An external table without iter, task_id, task_type, observation, valid or any policy column.
+    steps = synth_steps(groups=3, group_size=4, horizon=5, seed=2)
+    minimal = _write_plain(steps, tmp_path / "full.parquet")
+    pl.read_parquet(minimal).select(CREDIT_COLUMNS).write_parquet(tmp_path / "minimal.parquet")
+    full_out, min_out = tmp_path / "full", tmp_path / "min"
+    for path, out in ((minimal, full_out), (tmp_path / "minimal.parquet", min_out)):
+        result = runner.invoke(app, ["advantage", str(path), "-o", str(out)])
+        assert result.exit_code == 0, result.output
+    got = read_table(min_out / "advantages.parquet", "advantages")
+    want = read_table(full_out / "advantages.parquet", "advantages")
+    assert got.equals(want)
+    # The defaults are what SPEC §3 says: iter 0, task_id = group_id, task_type "", observation = state.
+    from schemas import conform
+
+    filled = pl.from_arrow(conform(pl.read_parquet(tmp_path / "minimal.parquet"), "steps"))
+    assert (filled["iter"] == 0).all() and (filled["task_type"] == "").all() and filled["valid"].all()
+    assert filled["task_id"].equals(filled["group_id"].alias("task_id"))
+    assert filled["observation"].equals(filled["state"].alias("observation"))
+    # A credit column is still required, and named.
+    pl.read_parquet(minimal).select([c for c in CREDIT_COLUMNS if c != "terminated"]).write_parquet(
+        tmp_path / "bad.parquet"
+    )
+    result = runner.invoke(app, ["advantage", str(tmp_path / "bad.parquet"), "-o", str(tmp_path / "b")])
+    assert result.exit_code == 2 and "terminated" in result.stderr
+
+
+def test_schema_steps_says_which_columns_credit_needs(runner):
+    result = runner.invoke(app, ["schema", "steps"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 4}
+    for column in CREDIT_COLUMNS:
+        assert "required (credit)" in rows[column], column
+    assert "default group_id" in rows["task_id"] and "default state" in rows["observation"]
+    assert "default 0" in rows["iter"] and 'default ""' in rows["task_type"]
+    for column in ("prompt", "response_ids", "response_logprobs"):
+        assert "training only" in rows[column], column

@@ -217,6 +217,7 @@ def test_embedding_cache_is_keyed_by_text(tmp_path, monkeypatch):
         return np.array([[len(t), 1.0] for t in texts], dtype=np.float32)
 
     monkeypatch.setattr(SentenceEncoder, "encode", fake_encode)
+    monkeypatch.setattr(SentenceEncoder, "check_window", lambda self, texts: 0)  # no tokenizer here
     cache = tmp_path / "cache" / "embeddings.parquet"
     encoder = SentenceEncoder(model=tmp_path, cache=cache)  # any local directory is a model path
     first = encoder(["aa", "b"])

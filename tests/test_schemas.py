@@ -293,3 +293,19 @@ def test_sigkill_while_writing_leaves_only_a_tmp_file(tmp_path):
     assert (
         len(leftovers) == 1 and leftovers[0].startswith(".steps.parquet.") and leftovers[0].endswith(".tmp")
     )
+
+
+def test_steps_v1_tables_still_read_with_score_null(tmp_path):
+    # steps v2 added the nullable `score`; a table written by a graft that knew v1 reads unchanged.
+    from tests.credit_cases import fig2_steps
+
+    path = write_table(fig2_steps(), "steps", tmp_path / "v2.parquet")
+    table = pq.read_table(path).drop(["score"])
+    meta = {b"graft.table": b"steps", b"graft.schema_version": b"1"}
+    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "v1.parquet")
+    old = read_table(tmp_path / "v1.parquet", "steps")
+    assert old["score"].null_count() == old.height and old.columns == TABLES["steps"].column_names
+    meta[b"graft.schema_version"] = b"3"
+    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "v3.parquet")
+    with pytest.raises(GraftError, match="schema version 3"):
+        read_table(tmp_path / "v3.parquet", "steps")

@@ -57,6 +57,7 @@ def schema(
 ) -> None:
     """Print the graft tables, or one table's columns with their types and meaning."""
     from schemas import TABLES
+    from schemas.definitions import steps_column_role
 
     console = Console(width=max(Console().width, 110))
     if table is None:
@@ -71,11 +72,18 @@ def schema(
         raise GraftError(f"unknown table '{table}'; tables: {', '.join(TABLES)}")
     spec = TABLES[table]
     out = Table(title=f"{spec.name} (v{spec.version}): {spec.description}")
-    for col in ("column", "type", "nullable", "meaning"):
+    roles = table == "steps"
+    for col in ("column", "type", "nullable", *(["in an external table"] if roles else []), "meaning"):
         out.add_column(col)
     for c in spec.columns:
-        out.add_row(c.name, str(c.type), "yes" if c.nullable else "no", c.meaning)
+        role = [steps_column_role(c.name)] if roles else []
+        out.add_row(c.name, str(c.type), "yes" if c.nullable else "no", *role, c.meaning)
     console.print(out)
+    if roles:
+        console.print(
+            "required (credit): graft graph/solve/advantage need these; default X: may be absent, "
+            "filled with X; training only: the update needs them (absent = null); optional: may be absent."
+        )
 
 
 def sql(

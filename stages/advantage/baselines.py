@@ -59,15 +59,20 @@ def _group_mean(x: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return (np.bincount(codes, weights=x) / np.maximum(counts, 1))[codes]
 
 
-def _normalize_in_groups(x: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _normalize_in_groups(
+    x: np.ndarray, codes: np.ndarray, divide_std: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """``(x - mean_g) / (std_ddof1_g + 1e-6)`` per code g; a code with one row gives 0.
 
+    ``divide_std=False`` only centres: ``x - mean_g`` (verl-agent's ``mean_norm``).
     Returns the normalized values and the group size of every row (both shape (n,)).
     """
     size = _group_sizes(codes)
     if codes.size == 0:
         return np.zeros(0, dtype=np.float64), size
     centered = x - _group_mean(x, codes)
+    if not divide_std:
+        return np.where(size >= 2, centered, 0.0), size
     sum_sq = np.bincount(codes, weights=centered * centered)[codes]
     # ddof 1; singletons are zeroed below, the max only avoids dividing by zero for them.
     std = np.sqrt(sum_sq / np.maximum(size - 1, 1))
@@ -265,18 +270,43 @@ def rloo(inputs: CreditInputs, config: AdvantageConfig) -> CreditOutput:
 def gigpo(inputs: CreditInputs, config: AdvantageConfig) -> CreditOutput:
     """GiGPO (verl-agent): A = A_episode + ω · A_step.
 
-    A_episode = grpo (normalized over the group's trajectories).
+    G_i = Σ_t r_{i,t} + R_i. Episode statistics (``config.gigpo_cross_steps``):
+      True (default, verl-agent's ``compute_mean_std_cross_steps``): mean and std_ddof1 of G over the
+        group's *step rows* (each row carries its trajectory's G, so a trajectory of T steps counts T
+        times);
+      False: over the group's trajectories, each counted once (grpo's statistics).
     R_t = Σ_{k=0..T−1−t} γ^k r'_{t+k},  r'_t = r_t + R·[t = T−1]  (outcome added at the last step),
     γ = ``config.gigpo_gamma`` (0.95), ω = ``config.gigpo_omega`` (1).
     Step groups = rows of the group whose state maps to the same graph node (src, the graph's φ:
-    exact or similarity); A_step = (R_t − mean) / (std_ddof1 + 1e-6) in the step group; a singleton
-    step group gives A_step = 0. norm_group_size = step-group size.
+    exact or similarity).
+    ``config.gigpo_mode`` = "mean_std_norm" (default, verl-agent's ALFWorld script):
+      A_episode = (G − mean) / (std_ddof1 + 1e-6),  A_step = (R_t − mean) / (std_ddof1 + 1e-6);
+    "mean_norm": A_episode = G − mean,  A_step = R_t − mean (no division).
+    A statistics pool of one row (a singleton step group, a one-row group) gives 0.
+    norm_group_size = step-group size.
     """
     rows = _Rows(inputs)
-    episode, _ = _grpo_episode(rows)
+    divide = _gigpo_divides(config)
+    episode = _gigpo_episode(rows, config.gigpo_cross_steps, divide)
     step_return = _discounted_return_to_go(rows, config.gigpo_gamma)
-    step, size = _normalize_in_groups(step_return, rows.codes("src"))
+    step, size = _normalize_in_groups(step_return, rows.codes("src"), divide)
     return _output(episode + config.gigpo_omega * step, size)
+
+
+def _gigpo_divides(config: AdvantageConfig) -> bool:
+    if config.gigpo_mode not in ("mean_std_norm", "mean_norm"):
+        raise GraftError(
+            f"advantage.gigpo_mode must be 'mean_std_norm' or 'mean_norm', got {config.gigpo_mode!r}"
+        )
+    return config.gigpo_mode == "mean_std_norm"
+
+
+def _gigpo_episode(rows: _Rows, cross_steps: bool, divide_std: bool) -> np.ndarray:
+    """GiGPO's episode part per row: G normalized over the group's step rows or its trajectories."""
+    if cross_steps:
+        return _normalize_in_groups(_trajectory_return(rows), rows.group, divide_std)[0]
+    traj_return, traj_group = _trajectory_table(rows)
+    return _normalize_in_groups(traj_return, traj_group, divide_std)[0][rows.traj]
 
 
 @register("salt")
@@ -339,7 +369,8 @@ def unnormalized_credit(name: str, inputs: CreditInputs, config: AdvantageConfig
     """Each baseline's credit before any normalization, by part, each (n,) and row-aligned.
 
     ``episode``: trajectory-level credit in reward units --
-        grpo, gigpo, graphgpo: X^E = G_i − mean_j G_j (the paper's R − R̄);
+        grpo, graphgpo: X^E = G_i − mean_j G_j (the paper's R − R̄); gigpo: the same, the mean over
+        the group's step rows when ``config.gigpo_cross_steps`` (its default);
         rloo: G_i − mean_{j≠i} G_j;  salt: X^E averaged over identical (src, action, dst) transitions.
     ``step``: step-level credit, centered in its src-node step group --
         gigpo: X^S = R_t − mean_{src} R_t, R_t with γ = ``config.gigpo_gamma`` (the paper's G_t − Ḡ(S_t));
@@ -363,6 +394,8 @@ def unnormalized_credit(name: str, inputs: CreditInputs, config: AdvantageConfig
         return {"episode": _group_mean(episode, rows.codes("src", "action", "dst"))}
     if name == "gigpo":
         step_return = _discounted_return_to_go(rows, config.gigpo_gamma)
+        if config.gigpo_cross_steps:  # centred over the group's step rows, as the estimator does
+            episode = _gigpo_episode(rows, True, divide_std=False)
         return {"episode": episode, "step": step_return - _group_mean(step_return, rows.codes("src"))}
     if rows.n == 0:
         return {"episode": episode, "step": np.zeros(0)}

@@ -13,7 +13,9 @@ Per steps row t (edge src -> dst in its group's graph, values V from stages.solv
                          return − V(s_t)).
     gae = "none":        A^GAE_t = A_t
     normalize = "node" (Eq. 11): over the raw out-edge instances of each src node (n rows),
-                         n ≥ 2: (x − mean) / (std_ddof1 + 1e-6);  n = 1: x / (|x| + 1e-6).
+                         n ≥ 2: (x − mean) / (std_ddof1 + 1e-6);  n = 1: x / (|x| + 1e-6);
+                         |x| < ZERO_TOL = 1000 ε (ε = 1e-8, the solve tolerance) counts as 0 first,
+                         and a node whose std is below ZERO_TOL has zero spread (all its edges 0).
     normalize = "none":  advantage = A^GAE.
 
 Known property (documented, tested): at the solve's fixed point, for every node u,
@@ -46,6 +48,13 @@ from stages.advantage.registry import CreditInputs, CreditOutput, register
 from stages.solve import GraphIndex, gather_ranges, index_graph, sorted_unique
 
 _NORM_EPS = 1e-6
+# Credit below this magnitude is solver noise, not signal. The solve stops when max|ΔV| < ε (SPEC §4,
+# ε = 1e-8); a Gauss–Seidel stop leaves each V within about εγ/(1 − γ) ≈ 99ε of the fixed point at
+# γ = 0.99, and a TD (or a GAE sum of TDs) combines a few such values, so exact zeros come back as
+# |x| ~ 1e-9 … 1e-6. Normalization would blow those up to ±0.001 … ±0.5 with an arbitrary sign.
+SOLVE_TOL = 1e-8
+NOISE_MULTIPLE = 1000
+ZERO_TOL = NOISE_MULTIPLE * SOLVE_TOL  # 1e-5 in reward units
 
 
 def td_residuals(index: GraphIndex, value: np.ndarray, gamma: float) -> np.ndarray:
@@ -403,14 +412,24 @@ def trajectory_gae(
     return out
 
 
-def node_normalize(x: np.ndarray, src: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Eq. 11 over the raw out-edge instances of each src node; returns (advantage, group size)."""
+def node_normalize(
+    x: np.ndarray, src: np.ndarray, m: int, zero_tol: float = ZERO_TOL
+) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 11 over the raw out-edge instances of each src node; returns (advantage, group size).
+
+    n ≥ 2: (x − mean) / (std_ddof1 + 1e-6);  n = 1: x / (|x| + 1e-6).
+    Solver noise stays 0: values with |x| < ``zero_tol`` (= 1000 × the solve tolerance 1e-8) count as
+    exactly 0 first, and a node whose edges' spread (std_ddof1) is below ``zero_tol`` has zero spread,
+    so all its edges get 0.
+    """
+    x = np.where(np.abs(x) < zero_tol, 0.0, x)
     count = np.bincount(src, minlength=m)
     mean = np.bincount(src, weights=x, minlength=m) / np.maximum(count, 1)
     dev = x - mean[src]
     var = np.bincount(src, weights=dev * dev, minlength=m) / np.maximum(count - 1, 1)
     n = count[src]
-    multi = dev / (np.sqrt(var)[src] + _NORM_EPS)
+    spread = np.sqrt(var)[src]
+    multi = np.where(spread < zero_tol, 0.0, dev / (spread + _NORM_EPS))
     single = x / (np.abs(x) + _NORM_EPS)
     return np.where(n >= 2, multi, single), n.astype(np.int32)
 

@@ -6,10 +6,15 @@ A game is used when it has both files, its ``game.tw-pddl`` says ``"solvable": t
 neither "movable" nor "Sliced" in it (the same filter as the package's ``AlfredTWEnv``). The task type
 is the task folder's name up to the first "-" (``pick_and_place_simple``, ``look_at_obj_in_light``, ...).
 
-Splits: "train" draws from the ``train_splits`` folders (default ``train``), "eval" from the
-``eval_splits`` folders (default ``valid_seen`` and ``valid_unseen``). When none of a split's folders
-exists (the test data has only ``valid_seen``), that split draws from every split folder present, so
-"train" and "eval" then share one pool and are NOT held out from each other. A task set is the pool
+Splits: "train" draws from the ``train_splits`` folders (default ``train``), "eval" from the folder(s)
+the ``eval_split`` option names, following ALFWorld's convention: ``"valid_seen"`` = in-distribution
+(ALFWorld's ``eval_in_distribution``, 140 games: rooms and object types seen in training),
+``"valid_unseen"`` = out-of-distribution (``eval_out_of_distribution``, 134 games in unseen rooms), or
+``"both"`` (default; ``graft eval`` then reports each split separately beside the union, see
+``split_of``). A named split whose folder is missing is an error. When none of a split's folders
+exists (the test data has only ``valid_seen``; with "both" that needs both missing), that split draws
+from every split folder present, so "train" and "eval" then share one pool and are NOT held out from
+each other. A task set is the pool
 sorted by task id, permuted by ``numpy.random.default_rng(SeedSequence([seed, split]))``; the first
 ``count`` are taken and, if ``count`` exceeds the pool, the permutation repeats (as the built-in envs do).
 
@@ -76,11 +81,16 @@ TASK_TYPES = (
 )
 
 SPLITS = ("train", "eval")
+EVAL_SPLITS = {
+    "valid_seen": ["valid_seen"],
+    "valid_unseen": ["valid_unseen"],
+    "both": ["valid_seen", "valid_unseen"],
+}
 
 DEFAULTS: dict[str, Any] = {
     "task_types": list(TASK_TYPES),
     "train_splits": ["train"],
-    "eval_splits": ["valid_seen", "valid_unseen"],
+    "eval_split": "both",  # valid_seen (in-distribution) | valid_unseen (out-of-distribution) | both
     "expert_max_steps": 150,
     "translation_cache": 256,  # Fast Downward translations kept per process (0 = no memoising)
 }
@@ -360,7 +370,14 @@ class AlfworldEnv:
             raise GraftError(f"unknown split '{split}'; splits: {', '.join(SPLITS)}")
         if split not in self._pools:
             base = self.root / "json_2.1.1"
-            wanted = [d for d in self.options[f"{split}_splits"] if (base / d).is_dir()]
+            folders = (
+                self.options["train_splits"] if split == "train" else EVAL_SPLITS[self.options["eval_split"]]
+            )
+            wanted = [d for d in folders if (base / d).is_dir()]
+            if split == "eval" and len(folders) == 1 and not wanted:
+                raise GraftError(
+                    f"environment 'alfworld': eval_split '{folders[0]}' has no folder {base / folders[0]}"
+                )
             if not wanted:  # e.g. only valid_seen present: every split draws from what exists
                 wanted = sorted(p.name for p in base.iterdir() if p.is_dir())
             self._pools[split] = discover_games(self.root, wanted, self.options["task_types"])
@@ -380,6 +397,10 @@ class AlfworldEnv:
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), SPLITS.index(split)]))
         order = rng.permutation(len(pool))
         return [self._task(pool[int(order[i % len(pool)])]) for i in range(count)]
+
+    def split_of(self, task_id: str) -> str:
+        """The ALFWorld split folder of a task ("alfworld/<split>/<task folder>/<trial>")."""
+        return task_id.split("/")[1]
 
     def _task(self, entry: GameEntry) -> Task:
         return Task(
@@ -401,6 +422,11 @@ def make_alfworld(
     """Factory for the registry: checks options, the packages and the data root."""
     opts = check_options(ENV_NAME, options, DEFAULTS)
     check_task_types(ENV_NAME, opts["task_types"], TASK_TYPES)
+    if opts["eval_split"] not in EVAL_SPLITS:
+        raise GraftError(
+            f"environment 'alfworld': option 'eval_split' must be one of {', '.join(EVAL_SPLITS)}, "
+            f"got {opts['eval_split']!r}"
+        )
     if opts["expert_max_steps"] < 1:
         raise GraftError("environment 'alfworld': option 'expert_max_steps' must be >= 1")
     if max_turns < 1:

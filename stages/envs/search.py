@@ -14,7 +14,10 @@ invalid penalty, -0.01 in the search config); 4 turns by default. The admissible
 
 The observation text is the question at reset and the latest ``<information>`` block after a search;
 the state key is the raw interaction context (question, then every search and its result), so the
-graph's similarity canonicalization is the natural default for this environment.
+graph's similarity canonicalization is the natural default for this environment. One search already
+takes the context past all-MiniLM-L6-v2's 256-word-piece window on HotpotQA (median 363 pieces, 690
+after two); the encoder embeds such contexts whole in windows and the graph's structural rules keep
+answered states apart (docs/credit.md, "Similarity states" -- why the key is not shortened instead).
 """
 
 from __future__ import annotations

@@ -370,6 +370,7 @@ _FRAME_SCHEMA = {
     "choices": pl.List(pl.String),
     "policy_version": pl.String,
     "error": pl.String,
+    "score": pl.Float64,
 }
 
 
@@ -388,6 +389,7 @@ def _steps_frame(
             columns["task_type"].append(slot.task.task_type)
             columns["traj_id"].append(traj_id)
             columns["outcome"].append(float(slot.episode.outcome))
+            columns["score"].append(float(slot.episode.score))  # the episode's final task score
             columns["policy_version"].append(policy_version)
             for name, value in row.items():
                 columns[name].append(value)

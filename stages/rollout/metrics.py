@@ -13,16 +13,19 @@ def rollout_metrics(
     """Long metrics rows (stage ``rollout``), overall (task_type null) and per task type (pure).
 
     Per trajectory: success = outcome >= R⁺ (the environment's success outcome), return G = Σ r_t + R,
-    turns = its rows. success_rate, mean_return, mean_turns average over trajectories; invalid_rate
+    turns = its rows, score = the recorded task score (``score`` column; clip(R / R⁺, 0, 1) when null). success_rate, mean_return, mean_turns average over trajectories; invalid_rate
     is the share of invalid rows; env_errors counts rows with an environment error; steps/episodes
     count rows/trajectories; tokens = prompt + response tokens of the executed turns. ``extra``
     (overall only) adds e.g. seconds.
     """
+    fallback = (pl.col("outcome").first() / success_outcome).clip(0.0, 1.0)
+    score = pl.col("score").last().fill_null(fallback) if "score" in steps.columns else fallback
     traj = steps.group_by("traj_id", maintain_order=True).agg(
         pl.col("task_type").first(),
         pl.len().alias("turns"),
         (pl.col("reward").sum() + pl.col("outcome").first()).alias("ret"),
         (pl.col("outcome").first() >= success_outcome - 1e-9).cast(pl.Float64).alias("success"),
+        score.cast(pl.Float64).alias("score"),
     )
     per_row = steps.group_by("task_type").agg(
         (~pl.col("valid")).cast(pl.Float64).mean().alias("invalid_rate"),
@@ -35,12 +38,14 @@ def rollout_metrics(
     )
     per_traj = traj.group_by("task_type").agg(
         pl.col("success").mean().alias("success_rate"),
+        pl.col("score").mean().alias("mean_score"),
         pl.col("ret").mean().alias("mean_return"),
         pl.col("turns").cast(pl.Float64).mean().alias("mean_turns"),
         pl.len().cast(pl.Float64).alias("episodes"),
     )
     overall_row = {
         "success_rate": float(traj["success"].mean()),
+        "mean_score": float(traj["score"].mean()),
         "mean_return": float(traj["ret"].mean()),
         "mean_turns": float(traj["turns"].cast(pl.Float64).mean()),
         "episodes": float(traj.height),
@@ -57,6 +62,7 @@ def rollout_metrics(
     for rec in typed.iter_rows(named=True):
         for name in (
             "success_rate",
+            "mean_score",
             "mean_return",
             "mean_turns",
             "episodes",
