@@ -143,6 +143,7 @@ def expert_demos(
             columns["task_type"].append(task.task_type)
             columns["traj_id"].append(traj_id)
             columns["outcome"].append(float(episode.outcome))
+            columns["score"].append(float(episode.score))  # the episode's final task score
             columns["policy_version"].append(version)
     frame = pl.DataFrame(columns, schema=DEMO_SCHEMA)
     return frame.sort(["group_id", "traj_id", "step"], maintain_order=True)
@@ -169,6 +170,7 @@ DEMO_SCHEMA = {
     "response": pl.String,
     "policy_version": pl.String,
     "error": pl.String,
+    "score": pl.Float64,
 }
 
 
