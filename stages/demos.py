@@ -10,7 +10,16 @@ stay null because the demos belong to no model — ``graft sft`` tokenizes them 
 tokenizer.
 
 The response is ``<think>{think}</think><action>{action}</action>`` (search: ``<search> q
-</search>`` / ``<answer> a </answer>`` instead of the action tag). ``think`` is a fixed template
+</search>`` / ``<answer> a </answer>`` instead of the action tag). Noise as DART (Laskey et al., 2017, "DART: Noise Injection for Robust Imitation Learning"): a noisy
+turn *executes* the random action, so demos visit the off-path states and late turns a learner will
+reach, but its ``response`` is still the expert's answer at that state, so behaviour cloning learns
+to recover rather than to act at random. So on a noisy turn ``action`` (what was executed, what the
+credit stages read) differs from the action in ``response`` (the warm start's label). Measured on
+``configs/household_long.toml``: cloning the executed noisy actions left generate-mode invalid rates of
+0.39–0.58 and no success; noise-free demos 0.89–0.95 (the policy never saw a state off the expert's
+path); see BENCHMARKS.md "Learning: long-horizon household".
+
+``think`` is a fixed template
 naming the kind of step the action is (its first word, e.g. ``go``, ``take``, ``heat``; ``search`` /
 ``answer`` for search). Why a template and not a free-text plan: the tiny policy only has to learn
 the format and a policy; every thinking token is generated and trained at every turn of every
@@ -106,7 +115,8 @@ def expert_demos(
         while not episode.done:
             prompt = _prompt(env, episode, history_length, prompt_fn)
             admissible = episode.current.admissible
-            action = episode.game.expert_action()
+            expert = episode.game.expert_action()
+            action = expert
             # draw every turn so the stream does not depend on whether the expert had an action
             explore = rng.random() < noise
             if (explore or action is None) and admissible:
@@ -130,7 +140,8 @@ def expert_demos(
                     "terminated": record.terminated,
                     "truncated": record.truncated,
                     "prompt": prompt,
-                    "response": demo_response(style, action),
+                    # the expert's answer at this state, also on a noisy turn (see the docstring)
+                    "response": demo_response(style, expert if expert is not None else action),
                     "error": record.error,
                 }
             )
