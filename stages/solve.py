@@ -362,10 +362,18 @@ def solve_index(
 
 
 def solve_values(
-    nodes: pl.DataFrame, edges: pl.DataFrame, gamma: float = 0.99, eps: float = 1e-8
+    nodes: pl.DataFrame,
+    edges: pl.DataFrame,
+    gamma: float = 0.99,
+    eps: float = 1e-8,
+    *,
+    index: GraphIndex | None = None,
 ) -> pl.DataFrame:
-    """Values table (schemas VALUES) for every node of every group's graph; see the module docstring."""
-    index = index_graph(nodes, edges)
+    """Values table (schemas VALUES) for every node of every group's graph; see the module docstring.
+
+    ``index``: index_graph(nodes, edges) when the caller already has it. Rows in ``index.nodes`` order.
+    """
+    index = index if index is not None else index_graph(nodes, edges)
     value, reaches, propagation, sweeps, residual = solve_index(index, gamma, eps)
     return index.nodes.select("group_id", "node").with_columns(
         value=pl.Series(value, dtype=pl.Float64),

@@ -480,6 +480,6 @@ def graft_estimator(inputs: CreditInputs, config: AdvantageConfig) -> CreditOutp
     """
     if inputs.values is None:
         raise GraftError("estimator 'graft' needs the values table (run graft solve first)")
-    index = index_graph(inputs.nodes, inputs.edges)
+    index = inputs.index if inputs.index is not None else index_graph(inputs.nodes, inputs.edges)
     value = node_values(index, inputs.values)
     return graft_credit(index, value, inputs.edges, inputs.gamma, config.lam, config.gae, config.normalize)
