@@ -327,13 +327,16 @@ def test_graph_gae_expands_only_rows_that_meet_a_nonzero_out_sum(knobs, keep, de
     import stages.advantage.graft as graft_module
     from stages.advantage.graft import horizons, nonzero_reach
 
-    def graph_gae(*args):  # set pruning forced on or off
-        saved = graft_module._PRUNE_SETS_BELOW
+    walks = []
+
+    def graph_gae(*args):  # set pruning forced on or off; counts the walks (a second one is the fallback)
+        saved = graft_module._PRUNE_SETS_BELOW, graft_module._walk
         graft_module._PRUNE_SETS_BELOW = 2.0 if prune_sets else 0.0
+        graft_module._walk = lambda *a: walks.append(1) or saved[1](*a)
         try:
             return graft_module.graph_gae(*args)
         finally:
-            graft_module._PRUNE_SETS_BELOW = saved
+            graft_module._PRUNE_SETS_BELOW, graft_module._walk = saved
 
     nodes, edges = build_graph(synth_steps(**knobs))
     index = index_graph(nodes, edges)
@@ -346,3 +349,22 @@ def test_graph_gae_expands_only_rows_that_meet_a_nonzero_out_sum(knobs, keep, de
     sum_a = np.bincount(index.src, weights=td, minlength=index.n_nodes)
     far = nonzero_reach(index, sum_a)[index.dst] >= horizon
     assert np.array_equal(got[far], td[far])  # exactly, not approximately
+    assert len(walks) <= 1  # trajectories are walks on the graph: the expanded sets always suffice
+
+
+@pytest.mark.parametrize("prune_sets_below", [0.0, 2.0])
+def test_graph_gae_needs_no_fallback_walk_on_solved_values(monkeypatch, prune_sets_below):
+    """Rows kept at A_t shrink the singletons' needs; a walk that meets such a row's dst as a one-member
+    set must then stop there (all later sums are 0), not run off the expanded sets into the fallback."""
+    import stages.advantage.graft as graft_module
+
+    knobs = dict(width=6, merge=0.5, cycles=0.1, invalid_rate=0.1, truncation=0.1, end_rate=0.05)
+    steps = synth_steps(groups=10, group_size=8, horizon=30, seed=3, **knobs)
+    expected, *_ = _credit(steps, gamma=0.99, lam=0.95, normalize="none")
+    walks = []
+    real = graft_module._walk
+    monkeypatch.setattr(graft_module, "_walk", lambda *a: walks.append(1) or real(*a))
+    monkeypatch.setattr(graft_module, "_PRUNE_SETS_BELOW", prune_sets_below)
+    got, *_ = _credit(steps, gamma=0.99, lam=0.95, normalize="none")
+    assert len(walks) == 1
+    np.testing.assert_array_equal(got.gae, expected.gae)

@@ -161,7 +161,7 @@ class _Chains:
     """The interned node sets: ratio per set id, and (set id -> next set id) assignments."""
 
     def __init__(
-        self, sum_a: np.ndarray, out_deg: np.ndarray, reach: np.ndarray | None, reach_next: np.ndarray | None
+        self, sum_a: np.ndarray, out_deg: np.ndarray, reach: np.ndarray, reach_next: np.ndarray | None
     ):
         m = sum_a.size
         self.sum_a, self.out_deg = sum_a, out_deg
@@ -258,8 +258,7 @@ def _bitset_chains(
         ids = np.full(frontier_ids.size, -1, dtype=np.int64)  # -1: the empty set
         single = count == 1  # {w}: w's own chain serves it (see _singleton_needs)
         ids[single] = index.offsets[group[single]] + _single_bit_position(bits[single])
-        if chains.reach is not None:
-            ids[single & (chains.reach[np.maximum(ids, 0)] >= want)] = -1  # nothing non-zero left ahead
+        ids[single & (chains.reach[np.maximum(ids, 0)] >= want)] = -1  # nothing non-zero left ahead
         fresh = np.flatnonzero(count >= 2)
         if fresh.size:
             first, inverse = _dedupe(
@@ -335,7 +334,8 @@ def _set_chains(
     sum_a: np.ndarray,
     out_deg: np.ndarray,
     need: np.ndarray,
-    reach: np.ndarray | None,
+    reach: np.ndarray,
+    prune_sets: bool,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Intern the node sets N_k the rows walk; return (ratio, next, EMPTY id).
 
@@ -345,8 +345,9 @@ def _set_chains(
     keep the tables in cache; groups over 2048 nodes use sparse rows instead) and identified exactly by
     (group, bits) within a depth; they are not interned across depths (measured: under 5% of a
     depth's sets recur at another depth). A set is expanded only while a row still walks through it
-    and can still meet a non-zero ΣA_out (``reach``: hops from each node to the nearest such node;
-    None: no such pruning); a next that was never computed maps to a poison set (ratio NaN).
+    and can still meet a non-zero ΣA_out (``reach``: hops from each node to the nearest such node; a
+    one-member set always, larger sets only with ``prune_sets``); a next that was never computed maps
+    to a poison set (ratio NaN).
     """
     m = index.n_nodes
     sizes = np.diff(index.offsets)
@@ -357,7 +358,7 @@ def _set_chains(
     # reach_next(u): hops from u to a non-zero ΣA_out by a walk of at least one hop (what next({u}) and
     # later sets can still meet)
     reach_next = None
-    if reach is not None:
+    if prune_sets:
         reach_next = np.full(m, _FAR, dtype=np.int64)
         np.minimum.at(reach_next, u_all, reach[v_all].astype(np.int64) + 1)
         reach_next = np.minimum(reach_next, _FAR).astype(np.int32)
@@ -417,14 +418,13 @@ def graph_gae(index: GraphIndex, td: np.ndarray, horizon: np.ndarray, gamma: flo
     # solver noise, 90% of rows meet one, and pruning sets made the Graph GAE 25% slower).
     prune_sets = walks.sum() < _PRUNE_SETS_BELOW * np.count_nonzero(horizon)
     horizon = np.where(walks, horizon, 0)  # rows that stay at A_t walk no hop
-    reach = reach if prune_sets else None
     need = _singleton_needs(index, horizon)
-    acc, rows = _walk(index, sum_a, out_deg, need, horizon, decay, reach)
+    acc, rows = _walk(index, sum_a, out_deg, need, horizon, decay, reach, prune_sets)
     if np.isnan(acc).any():
         # A walk left the expanded sets: only possible when trajectories are not walks on the graph
         # (an unvalidated table whose next_state differs from the next state). Expand everything.
         full = np.full(index.n_nodes, int(horizon.max()))
-        acc, rows = _walk(index, sum_a, out_deg, full, horizon, decay, reach)
+        acc, rows = _walk(index, sum_a, out_deg, full, horizon, decay, reach, prune_sets)
     out[rows] += acc
     return out
 
@@ -436,11 +436,12 @@ def _walk(
     need: np.ndarray,
     horizon: np.ndarray,
     decay: float,
-    reach: np.ndarray | None,
+    reach: np.ndarray,
+    prune_sets: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Σ_{k=1..H} decay^k ratio(N_{k-1}) per row (rows in the returned order; NaN: a set not expanded)."""
     max_h = int(horizon.max(initial=0))
-    ratio, nxt, _ = _set_chains(index, sum_a, out_deg, need, reach)
+    ratio, nxt, _ = _set_chains(index, sum_a, out_deg, need, reach, prune_sets)
     # Rows by decreasing horizon: the rows still walking at hop k are a prefix of this order.
     rows = np.argsort(-horizon, kind="stable")
     still = np.searchsorted(-horizon[rows], -np.arange(1, max_h + 1), side="right")  # rows with H >= k
