@@ -96,24 +96,19 @@ class _NibbleTables:
         s4 = np.zeros((n_groups, nib, b, words), dtype=np.uint64)
         n4 = np.zeros((n_groups, nib, b))
         d4 = np.zeros((n_groups, nib, b))
-        r4 = np.full((n_groups, nib, b), _FAR, dtype=np.int32)
         s4[group_row, local // b, local % b] = succ
         n4[group_row, local // b, local % b] = num
         d4[group_row, local // b, local % b] = den
-        if reach is not None:
-            r4[group_row, local // b, local % b] = reach
         self.succ = np.zeros((n_groups, nib, nv, words), dtype=np.uint64)
         self.num = np.zeros((n_groups, nib, nv))
         self.den = np.zeros((n_groups, nib, nv))
-        reach_table = np.full((n_groups, nib, nv), _FAR, dtype=np.int32)
         for val in range(1, nv):
             low = (val & -val).bit_length() - 1
             rest = val & (val - 1)
             self.succ[:, :, val] = self.succ[:, :, rest] | s4[:, :, low]
             self.num[:, :, val] = self.num[:, :, rest] + n4[:, :, low]
             self.den[:, :, val] = self.den[:, :, rest] + d4[:, :, low]
-            reach_table[:, :, val] = np.minimum(reach_table[:, :, rest], r4[:, :, low])
-        self.reach = reach_table.reshape(-1) if reach is not None else None
+        self.reach = None if reach is None else self._min_table(reach, group_row, local, n_groups)
         # One contiguous 1-D table per word: 1-D gathers are several times faster than row gathers.
         self.succ_words = [np.ascontiguousarray(self.succ[..., w].reshape(-1)) for w in range(words)]
         del self.succ
@@ -121,9 +116,22 @@ class _NibbleTables:
         self.num_den = (self.num + 1j * self.den).reshape(-1)
         del self.num, self.den
 
+    def _min_table(
+        self, reach: np.ndarray, group_row: np.ndarray, local: np.ndarray, n_groups: int
+    ) -> np.ndarray:
+        """Flat table of min reach over the nodes of each (group, nibble, value)."""
+        b, nv = self.bits, self.values
+        r4 = np.full((n_groups, self.nib, b), _FAR, dtype=np.int32)
+        r4[group_row, local // b, local % b] = reach
+        table = np.full((n_groups, self.nib, nv), _FAR, dtype=np.int32)
+        for val in range(1, nv):
+            low = (val & -val).bit_length() - 1
+            table[:, :, val] = np.minimum(table[:, :, val & (val - 1)], r4[:, :, low])
+        return table.reshape(-1)
+
     @classmethod
     def bytes_per_group(cls, words: int) -> int:
-        return 64 // cls.bits * words * cls.values * (8 * words + 20)
+        return 64 // cls.bits * words * cls.values * (8 * words + 16)
 
     def apply(
         self, bits: np.ndarray, group_row: np.ndarray, need: np.ndarray
