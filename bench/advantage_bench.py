@@ -1,15 +1,20 @@
 """Benchmark of the advantage stages (SPEC §10): graph + solve + advantage on ~1M synthetic steps.
 
-    python bench/advantage_bench.py [--steps 1000000] [--ref-steps 20000] [--no-similarity] [--no-write]
+    python bench/advantage_bench.py [--steps 1000000] [--large-steps 4000000] [--ref-steps 20000]
+                                    [--no-similarity] [--no-write]
 
 Measures, each timed piece in its own subprocess (so peak RSS is that piece's own):
   1. pipeline: read steps.parquet -> validate -> graph (exact) -> solve -> advantage (graft, Graph GAE,
      node normalization) -> write nodes/edges/values/advantages; seconds per stage, peak RSS.
   2. I/O floor: read the same steps columns and write the same four output tables (already computed);
      the pipeline / I/O ratio.
-  3. literal reference (tests/reference_graft.py) vs the vectorized stages on ~20k steps, results
+  3. CLI end to end: ``python -m graft_cli advantage steps.parquet -o OUT`` in a fresh interpreter
+     (imports, validation, the three stages, metrics and every output written atomically); CLI / I/O.
+     1-3 are each the best of 3, interleaved (wall and CPU seconds).
+  4. the same pipeline and CLI once on --large-steps steps (0: skip): time and memory vs 1M.
+  5. literal reference (tests/reference_graft.py) vs the vectorized stages on ~20k steps, results
      asserted equal; the speed-up.
-  4. similarity canonicalization: MiniLM encoding time vs clustering time on the distinct states.
+  6. similarity canonicalization: MiniLM encoding time vs clustering time on the distinct states.
 Prints a table and writes the "Advantage stages" section of BENCHMARKS.md. Not a test.
 """
 
@@ -73,7 +78,7 @@ def worker_pipeline(path: str, out: str) -> dict:
     from schemas.config import AdvantageConfig
     from stages.advantage.compute import compute_advantages
     from stages.graph import build_graph
-    from stages.solve import solve_values
+    from stages.solve import index_graph, solve_values
 
     t: dict[str, float] = {}
     cpu: dict[str, float] = {}
@@ -90,10 +95,11 @@ def worker_pipeline(path: str, out: str) -> dict:
     lap("validate")
     nodes, edges = build_graph(steps, "exact", truncation="fail")
     lap("graph")
-    values = solve_values(nodes, edges, gamma=GAMMA)
+    index = index_graph(nodes, edges)  # shared by solve and advantage, as the CLI's file mode does
+    values = solve_values(nodes, edges, gamma=GAMMA, index=index)
     lap("solve")
     config = AdvantageConfig(estimator="graft", gae="graph", lam=LAM, normalize="node")
-    adv = compute_advantages(steps, nodes, edges, values, config, GAMMA)
+    adv = compute_advantages(steps, nodes, edges, values, config, GAMMA, index=index)
     lap("advantage")
     for name, table in (("nodes", nodes), ("edges", edges), ("values", values), ("advantages", adv)):
         write_table(table, name, Path(out) / f"{name}.parquet")
@@ -101,7 +107,7 @@ def worker_pipeline(path: str, out: str) -> dict:
     t["total"] = sum(t.values())
     cpu["total"] = sum(cpu.values())
     # For comparison only (not in the total): the advantage stage with trajectory GAE instead.
-    compute_advantages(steps, nodes, edges, values, replace(config, gae="trajectory"), GAMMA)
+    compute_advantages(steps, nodes, edges, values, replace(config, gae="trajectory"), GAMMA, index=index)
     lap("advantage_trajectory_gae")
     return {
         "seconds": t,
@@ -136,6 +142,17 @@ def worker_io(path: str, out: str) -> dict:
         for name, table in tables.items():
             write_table(table, name, Path(tmp) / f"{name}.parquet")
     return {"total": time.perf_counter() - t0, "cpu": time.process_time() - c0, "maxrss_mib": _maxrss_mib()}
+
+
+def worker_cli(path: str, out: str) -> dict:
+    """``graft advantage STEPS -o OUT`` end to end in a fresh interpreter (this worker's only child)."""
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        cmd = [sys.executable, "-m", "graft_cli", "advantage", path, "-o", tmp]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
+        wall = time.perf_counter() - t0
+    child = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"total": wall, "cpu": child.ru_utime + child.ru_stime, "maxrss_mib": child.ru_maxrss / 1024.0}
 
 
 def worker_reference(steps_count: int) -> dict:
@@ -254,6 +271,7 @@ WORKERS = {
     "make": worker_make,
     "pipeline": worker_pipeline,
     "io": worker_io,
+    "cli": worker_cli,
     "reference": worker_reference,
     "similarity": worker_similarity,
 }
@@ -303,6 +321,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--large-steps", type=int, default=4_000_000, help="one scaling run (0: skip)")
     parser.add_argument("--ref-steps", type=int, default=20_000)
     parser.add_argument("--sim-groups", type=int, default=30)
     parser.add_argument("--no-similarity", action="store_true")
@@ -325,25 +344,46 @@ def main() -> None:
         out.mkdir()
         # Best of REPEATS for both sides, interleaved, so a burst of load from other jobs does not
         # land on one side of the ratio only.
-        pipes, ios = [], []
+        pipes, ios, clis = [], [], []
         for _ in range(REPEATS):
             pipes.append(_run_worker("pipeline", steps_path, out))
             ios.append(_run_worker("io", steps_path, out))
+            clis.append(_run_worker("cli", steps_path, out))
         pipe = min(pipes, key=lambda p: p["seconds"]["total"])
         io = min(ios, key=lambda r: r["total"])
+        cli = min(clis, key=lambda r: r["total"])
+        pipe_cpu = min(p["cpu"]["total"] for p in pipes)
+        io_cpu = min(r["cpu"] for r in ios)
+        cli_cpu = min(r["cpu"] for r in clis)
         size_mib = sum(p.stat().st_size for p in [steps_path, *out.glob("*.parquet")]) / 2**20
+    large = None
+    if args.large_steps:
+        with tempfile.TemporaryDirectory() as tmp:
+            large_path = Path(tmp) / "steps.parquet"
+            large_made = _run_worker("make", large_path, args.large_steps)
+            large_out = Path(tmp) / "out"
+            large_out.mkdir()
+            large = {
+                "made": large_made,
+                "pipeline": _run_worker("pipeline", large_path, large_out),
+                "io": _run_worker("io", large_path, large_out),
+                "cli": _run_worker("cli", large_path, large_out),
+                "load": os.getloadavg()[0],
+            }
     ref = _run_worker("reference", args.ref_steps)
     sim = None if args.no_similarity else _run_worker("similarity", args.sim_groups)
     s, c = pipe["seconds"], pipe["cpu"]
     compute = s["validate"] + s["graph"] + s["solve"] + s["advantage"]
     compute_cpu = c["validate"] + c["graph"] + c["solve"] + c["advantage"]
-    ratio, ratio_cpu = s["total"] / io["total"], c["total"] / io["cpu"]
+    ratio, ratio_cpu = s["total"] / io["total"], pipe_cpu / io_cpu
+    cli_ratio, cli_ratio_cpu = cli["total"] / io["total"], cli_cpu / io_cpu
     speedup, speedup_cpu = ref["reference"] / ref["fast"], ref["reference_cpu"] / ref["fast_cpu"]
     lines = [
         f"`python bench/advantage_bench.py` ({time.perf_counter() - started:.0f} s; load average "
         f"{load:.1f} when it started: the 2 cores are shared with other agents, so wall seconds are "
-        f"noisy; CPU seconds (process time, all threads) are shown beside them; the pipeline and the "
-        f"I/O floor are each the best of {REPEATS} interleaved runs).",
+        f"noisy; CPU seconds (process time, all threads) are shown beside them; the pipeline, the "
+        f"I/O floor and the CLI are each the best of {REPEATS} interleaved runs, wall and CPU minimized "
+        f"separately; load average {os.getloadavg()[0]:.1f} when it ended).",
         "",
         f"Input: `stages.synth.synth_steps` with {json.dumps(SYNTH)}: {made['rows']:,} steps, "
         f"{made['groups']:,} groups, {made['trajectories']:,} trajectories; {pipe['nodes']:,} nodes; "
@@ -368,9 +408,14 @@ def main() -> None:
         f"| (for comparison: advantage with trajectory GAE instead of Graph GAE) | "
         f"{s['advantage_trajectory_gae']:.2f} | {c['advantage_trajectory_gae']:.2f} | |",
         f"| compute only (validate + graph + solve + advantage) | {compute:.2f} | {compute_cpu:.2f} | |",
-        f"| I/O floor: read the steps + write the four tables | {io['total']:.2f} | {io['cpu']:.2f} | |",
-        f"| **total / I/O floor** | **{ratio:.1f}×** | **{ratio_cpu:.1f}×** | ≤ 3× |",
-        f"| peak RSS of the pipeline process | {pipe['maxrss_mib']:.0f} MiB | | bounded |",
+        f"| I/O floor: read the steps + write the four tables | {io['total']:.2f} | {io_cpu:.2f} | |",
+        f"| **in-memory pipeline / I/O floor** | **{ratio:.1f}×** | **{ratio_cpu:.1f}×** | |",
+        f"| CLI end to end: `graft advantage steps.parquet -o OUT` (fresh interpreter: imports, "
+        f"validation, graph + solve + advantage, metrics per stage and task type, the seven files "
+        f"written atomically) | {cli['total']:.2f} | {cli_cpu:.2f} | |",
+        f"| **CLI / I/O floor** | **{cli_ratio:.1f}×** | **{cli_ratio_cpu:.1f}×** | ≤ 2× |",
+        f"| peak RSS: pipeline process / CLI process | {pipe['maxrss_mib']:.0f} MiB / "
+        f"{cli['maxrss_mib']:.0f} MiB | | bounded |",
         "",
         f"Literal reference (`tests/reference_graft.py`: dicts, node-by-node Gauss–Seidel, k-hop sets) on "
         f"{ref['rows']:,} steps: {ref['reference']:.2f} s ({ref['reference_cpu']:.2f} s CPU) vs "
@@ -383,10 +428,34 @@ def main() -> None:
         "ahead for k up to its horizon (≤ 49 here). With hubs and back-edges these sets grow to most of "
         "a group's ~78 nodes, and 2.75 million distinct (depth, set) pairs are built for 1M steps (bitsets, "
         "per-group 4-bit lookup tables, exact dedup per depth, expanded only while some row still walks "
-        "through them). That is most of the advantage stage and the reason the I/O ratio goal is not "
-        "met; with trajectory GAE the advantage stage costs the row above. The solve's sweep count is "
-        "set by the slowest groups (back-edges form cycles; self-loops are solved exactly in the node's "
-        "update).",
+        "through them). That is most of the advantage stage; with trajectory GAE the advantage stage "
+        "costs the row above. The solve's sweep count is set by the slowest groups (back-edges form "
+        "cycles; self-loops are solved exactly in the node's update).",
+        "",
+        f"**CLI / I/O floor.** The CLI's file mode reads each input once and hands the frames on in memory "
+        f"(one `GraphIndex` shared by metrics, solve and advantage), the metrics of every stage and task "
+        f"type are one aggregate over integer codes, and complete graft files are read with polars' reader; "
+        f"the CLI now costs the in-memory pipeline plus {cli_cpu - pipe_cpu:.1f} s CPU (a fresh "
+        f"interpreter importing polars, pyarrow, numpy and scipy, the metrics, the stamp file). What stands "
+        f"in the way of ≤ 2× is the compute itself: validate + graph + solve + advantage take "
+        f"{compute_cpu:.2f} s CPU = {compute_cpu / io_cpu:.1f}× the whole floor ({io_cpu:.2f} s), the Graph "
+        f"GAE alone {c['advantage'] / io_cpu:.1f}×. Reaching 2× needs all four in about one floor, i.e. "
+        f"~{compute_cpu / io_cpu:.0f}× faster compute -- not reachable with literal k-hop sets (trajectory "
+        f"GAE would take the advantage stage to {c['advantage_trajectory_gae']:.2f} s).",
+        "",
+        "Graph GAE expands only rows that can change: a row whose dst cannot meet a node with non-zero "
+        "out-edge TD sum within its horizon keeps A_t exactly (reverse BFS from those nodes), and sets stop "
+        "expanding once no member can meet one. At the fixed point only nodes that mix ends and "
+        "continuations carry such a sum (3,424 of 468,322 nodes here), but the solver stops at "
+        "max |ΔV| < 1e-8, which leaves 135,752 nodes with a non-zero sum of solver noise (up to 2.6e-7); "
+        "856k of the 953k rows with H ≥ 1 still meet one, so the pruning saves little here and the "
+        "set-level part switches itself off (it pays when under half the rows walk). Zeroing the noise "
+        "sums would let only 343k rows walk and cut the Graph GAE by ~22% (measured), but it moves "
+        "advantages by up to 0.04 where node normalization divides a noise-level spread (95k rows by "
+        "more than 1e-3): that belongs with the normalization's noise threshold (SPEC §4), not here. "
+        "Measured 2026-12-01 under load average ~9: `pl.read_parquet` reads the 1M steps in 0.38 s CPU "
+        "against 0.65 s for pyarrow + conform (best of 3); the metrics of the graph and solve stages "
+        "with per-task-type rows take 0.26 s CPU against 1.16 s for the previous per-type loop.",
         "",
         "Measured on this input and not kept (each slower, with equal results): interning sets across "
         "depths (a hash table per chunk; 25–30% fewer sets, but the lookups cost more than the saved "
@@ -400,6 +469,23 @@ def main() -> None:
         "nibble slices from the bitsets' bytes, one Enum cast for the edges' groups, and the propagation "
         "degree weighted by one bitset mask per distinct end count.",
     ]
+    if large:
+        lp, lc, li = large["pipeline"], large["cli"], large["io"]
+        rows = large["made"]["rows"]
+        scale = rows / made["rows"]
+        lines += [
+            "",
+            f"Scaling (one run each, load average {large['load']:.1f}): {rows:,} steps "
+            f"({scale:.1f}× the rows above), {lp['nodes']:,} nodes. In-memory pipeline "
+            f"{lp['seconds']['total']:.2f} s wall / {lp['cpu']['total']:.2f} s CPU "
+            f"({lp['cpu']['total'] / pipe_cpu:.1f}× the CPU time above; CPU s graph {lp['cpu']['graph']:.2f}, "
+            f"solve {lp['cpu']['solve']:.2f}, advantage {lp['cpu']['advantage']:.2f}), "
+            f"peak RSS {lp['maxrss_mib']:.0f} MiB ({lp['maxrss_mib'] / pipe['maxrss_mib']:.1f}×); "
+            f"CLI end to end {lc['total']:.2f} s wall / {lc['cpu']:.2f} s CPU "
+            f"({lc['cpu'] / cli_cpu:.1f}× the CPU time above), peak RSS {lc['maxrss_mib']:.0f} MiB "
+            f"({lc['maxrss_mib'] / cli['maxrss_mib']:.1f}×); I/O floor {li['total']:.2f} s / {li['cpu']:.2f} s CPU "
+            f"(CLI / floor {lc['total'] / li['total']:.1f}× wall, {lc['cpu'] / li['cpu']:.1f}× CPU).",
+        ]
     if sim:
         share = (sim["graph_similarity"] - sim["graph_exact"]) / sim["encode"]
         lines += [

@@ -131,5 +131,15 @@ def read_table(path: str | Path, table: str, *, require_stamp: bool = True) -> p
         if version is None or int(version) not in (spec.version, *spec.reads):
             got = version.decode() if version else "none"
             raise GraftError(f"{path}: {table} schema version {got}, this graft reads version {spec.version}")
+    names = set(schema.names)
+    if all(c.name in names and schema.field(c.name).type.equals(c.type) for c in spec.columns):
+        # Every column present with its exact type (what graft writes): polars' reader, ~2x faster than
+        # pyarrow's + a conversion; only the null checks of conform remain. Anything else: conform.
+        frame = pl.read_parquet(path, columns=spec.column_names)
+        for col in spec.columns:
+            nulls = frame[col.name].null_count()
+            if nulls and not col.nullable:
+                raise GraftError(f"{path}: column '{col.name}' has {nulls} null value(s)")
+        return frame
     arrow = pq.read_table(path)
     return pl.from_arrow(conform(arrow, table, source=str(path)))  # type: ignore[return-value]

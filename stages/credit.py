@@ -37,7 +37,7 @@ from schemas.rundir import Run
 from stages.advantage.compute import compute_advantages
 from stages.diagnostics import diagnostics_frame, graph_metrics, metrics_frame, solve_metrics
 from stages.graph import Embedder, build_graph
-from stages.solve import solve_values
+from stages.solve import GraphIndex, index_graph, solve_values
 
 
 @dataclass(frozen=True)
@@ -149,9 +149,10 @@ def run_all(
         steps, config.graph.canonicalize, config.graph.tau, config.graph.truncation, embedder
     )
     t1 = time.perf_counter()
-    values = solve_values(nodes, edges, config.solve.gamma, config.solve.eps)
+    index = index_graph(nodes, edges)
+    values = solve_values(nodes, edges, config.solve.gamma, config.solve.eps, index=index)
     t2 = time.perf_counter()
-    adv = compute_advantages(steps, nodes, edges, values, config.advantage, config.solve.gamma)
+    adv = compute_advantages(steps, nodes, edges, values, config.advantage, config.solve.gamma, index=index)
     t3 = time.perf_counter()
     iteration = int(steps["iter"][0]) if steps.height else 0
     metrics = pl.concat(
@@ -159,9 +160,9 @@ def run_all(
             metrics_frame(
                 iteration,
                 "graph",
-                {**graph_metrics(nodes, edges), **embed_metrics(embedder), "seconds": t1 - t0},
+                {**graph_metrics(nodes, edges, index), **embed_metrics(embedder), "seconds": t1 - t0},
             ),
-            metrics_frame(iteration, "solve", {**solve_metrics(values, edges), "seconds": t2 - t1}),
+            metrics_frame(iteration, "solve", {**solve_metrics(values, edges, index), "seconds": t2 - t1}),
             metrics_frame(iteration, "advantage", {**advantage_metrics(adv), "seconds": t3 - t2}),
         ]
     )
@@ -193,63 +194,125 @@ def write_metrics(
     metrics: dict[str, float],
     steps: pl.DataFrame | None = None,
     tables: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+    index: GraphIndex | None = None,
 ) -> Path:
     """Write ``metrics_<stage>.parquet`` (table ``metrics``; per task type too) into ``folder`` atomically."""
-    frame = diagnostics_frame(iteration, stage, metrics, steps, tables)
+    frame = diagnostics_frame(iteration, stage, metrics, steps, tables, index)
     return write_table(frame, "metrics", folder / f"metrics_{stage}.parquet")
 
 
+@dataclass
+class Held:
+    """Tables a file-mode chain (graph -> solve -> advantage in one process) already holds in memory.
+
+    Each stage function fills in what it read or computed and reuses what is there, so every input is
+    read once; every output is still written (atomically, stamped). None: not held, read from disk.
+    ``steps`` is held only after validation; ``index`` is index_graph(nodes, edges).
+    """
+
+    steps: pl.DataFrame | None = None
+    nodes: pl.DataFrame | None = None
+    edges: pl.DataFrame | None = None
+    index: GraphIndex | None = None
+    values: pl.DataFrame | None = None
+
+
 def graph_files(
-    steps_path: Path, out_dir: Path, config: Config, iteration: int = 0, require_stamp: bool = True
+    steps_path: Path,
+    out_dir: Path,
+    config: Config,
+    iteration: int = 0,
+    require_stamp: bool = True,
+    held: Held | None = None,
 ) -> None:
     """steps.parquet -> out_dir/{metrics_graph, nodes, edges}.parquet (embedding cache: out_dir/cache)."""
     _graph_stage(
-        steps_path, out_dir, out_dir / "cache" / "embeddings.parquet", config, iteration, require_stamp
+        steps_path, out_dir, out_dir / "cache" / "embeddings.parquet", config, iteration, require_stamp, held
     )
 
 
 def _graph_stage(
-    steps_path: Path, folder: Path, cache: Path, config: Config, iteration: int, require_stamp: bool
+    steps_path: Path,
+    folder: Path,
+    cache: Path,
+    config: Config,
+    iteration: int,
+    require_stamp: bool,
+    held: Held | None = None,
 ) -> None:
     t0 = time.perf_counter()
-    steps = read_table(steps_path, "steps", require_stamp=require_stamp)
-    validate_steps(steps, source=str(steps_path))
+    held = held if held is not None else Held()
+    steps = held.steps
+    if steps is None:
+        steps = read_table(steps_path, "steps", require_stamp=require_stamp)
+        validate_steps(steps, source=str(steps_path))
     g = config.graph
     embedder = make_embedder(config, cache)
     nodes, edges = build_graph(steps, g.canonicalize, g.tau, g.truncation, embedder)
-    metrics = {**graph_metrics(nodes, edges), **embed_metrics(embedder), "seconds": time.perf_counter() - t0}
-    write_metrics(folder, "graph", iteration, metrics, steps, (nodes, edges))
+    index = index_graph(nodes, edges) if nodes.height else None
+    metrics = {
+        **graph_metrics(nodes, edges, index),
+        **embed_metrics(embedder),
+        "seconds": time.perf_counter() - t0,
+    }
+    write_metrics(folder, "graph", iteration, metrics, steps, (nodes, edges), index)
     write_table(nodes, "nodes", folder / "nodes.parquet")
     write_table(edges, "edges", folder / "edges.parquet")
+    held.steps, held.nodes, held.edges, held.index, held.values = steps, nodes, edges, index, None
 
 
-def solve_files(folder: Path, config: Config, iteration: int = 0, steps_path: Path | None = None) -> None:
+def solve_files(
+    folder: Path,
+    config: Config,
+    iteration: int = 0,
+    steps_path: Path | None = None,
+    held: Held | None = None,
+) -> None:
     """folder/{nodes, edges}.parquet -> folder/{metrics_solve, values}.parquet.
 
     ``steps_path`` (optional) adds per-task-type propagation rows to the metrics.
     """
     t0 = time.perf_counter()
-    nodes = read_table(folder / "nodes.parquet", "nodes")
-    edges = read_table(folder / "edges.parquet", "edges")
-    values = solve_values(nodes, edges, config.solve.gamma, config.solve.eps)
-    metrics = {**solve_metrics(values, edges), "seconds": time.perf_counter() - t0}
-    steps = None
-    if steps_path is not None and steps_path.is_file():
+    held = held if held is not None else Held()
+    if held.nodes is None or held.edges is None:
+        held.nodes = read_table(folder / "nodes.parquet", "nodes")
+        held.edges = read_table(folder / "edges.parquet", "edges")
+        held.index = None
+    nodes, edges = held.nodes, held.edges
+    index = held.index if held.index is not None else index_graph(nodes, edges)
+    values = solve_values(nodes, edges, config.solve.gamma, config.solve.eps, index=index)
+    metrics = {**solve_metrics(values, edges, index), "seconds": time.perf_counter() - t0}
+    steps = held.steps
+    if steps is None and steps_path is not None and steps_path.is_file():
         steps = read_table(steps_path, "steps", require_stamp=False).select("group_id", "task_type")
-    write_metrics(folder, "solve", iteration, metrics, steps, (values, edges))
+    write_metrics(folder, "solve", iteration, metrics, steps, (values, edges), index)
     write_table(values, "values", folder / "values.parquet")
+    held.index, held.values = index, values
 
 
 def advantage_files(
-    steps_path: Path, folder: Path, config: Config, iteration: int = 0, require_stamp: bool = True
+    steps_path: Path,
+    folder: Path,
+    config: Config,
+    iteration: int = 0,
+    require_stamp: bool = True,
+    held: Held | None = None,
 ) -> None:
     """steps + folder/{nodes, edges, values} -> folder/{metrics_advantage, advantages}.parquet."""
     t0 = time.perf_counter()
-    steps = read_table(steps_path, "steps", require_stamp=require_stamp)
-    nodes = read_table(folder / "nodes.parquet", "nodes")
-    edges = read_table(folder / "edges.parquet", "edges")
-    values = read_table(folder / "values.parquet", "values")
-    adv = compute_advantages(steps, nodes, edges, values, config.advantage, config.solve.gamma)
+    held = held if held is not None else Held()
+    steps = held.steps
+    if steps is None:
+        steps = read_table(steps_path, "steps", require_stamp=require_stamp)
+    if held.nodes is None or held.edges is None:
+        held.nodes = read_table(folder / "nodes.parquet", "nodes")
+        held.edges = read_table(folder / "edges.parquet", "edges")
+        held.index = None
+    if held.values is None:
+        held.values = read_table(folder / "values.parquet", "values")
+    adv = compute_advantages(
+        steps, held.nodes, held.edges, held.values, config.advantage, config.solve.gamma, index=held.index
+    )
     write_metrics(
         folder, "advantage", iteration, {**advantage_metrics(adv), "seconds": time.perf_counter() - t0}
     )

@@ -322,9 +322,9 @@ def test_walks_beyond_the_expanded_sets_fall_back_to_full_expansion(monkeypatch)
     calls = []
     real = graft_module._walk
 
-    def spy(index, sum_a, out_deg, need, horizon, decay):
+    def spy(index, sum_a, out_deg, need, horizon, decay, *rest):
         calls.append(int(need.max()))
-        return real(index, sum_a, out_deg, need, horizon, decay)
+        return real(index, sum_a, out_deg, need, horizon, decay, *rest)
 
     # Needs of 1 expand nothing: the walks hit unexpanded sets, and the fallback expands everything.
     monkeypatch.setattr(
@@ -335,3 +335,79 @@ def test_walks_beyond_the_expanded_sets_fall_back_to_full_expansion(monkeypatch)
     assert calls == [1, int(calls[1])] and calls[1] >= 2
     np.testing.assert_allclose(got.gae, expected.gae, atol=1e-12, rtol=0)
     assert np.abs(expected.gae - expected.td).max() > 1e-3
+
+
+def _literal_graph_gae(edges: pl.DataFrame, td: np.ndarray, horizon: np.ndarray, decay: float) -> np.ndarray:
+    """Eq. 9-10 row by row with Python sets: N_0 = {dst}, E_k = out-edges of N_{k-1}, Ā = mean A over E_k."""
+    out_rows: dict[tuple[str, int], list[int]] = {}
+    for r, (g, s) in enumerate(edges.select("group_id", "src").iter_rows()):
+        out_rows.setdefault((g, s), []).append(r)
+    dst = edges["dst"].to_list()
+    gae = td.astype(float).copy()
+    for r, (g, d) in enumerate(edges.select("group_id", "dst").iter_rows()):
+        nodes, coef = {d}, 1.0
+        for _ in range(int(horizon[r])):
+            instances = [e for u in nodes for e in out_rows.get((g, u), [])]
+            if not instances:
+                break
+            coef *= decay
+            gae[r] += coef * sum(td[e] for e in instances) / len(instances)
+            nodes = {dst[e] for e in instances}
+    return gae
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    knobs=synth_knobs(),
+    keep=st.floats(0.0, 0.3),
+    decay=st.floats(0.1, 1.0),
+    seed=st.integers(0, 999),
+    prune_sets=st.booleans(),
+)
+def test_graph_gae_expands_only_rows_that_meet_a_nonzero_out_sum(knobs, keep, decay, seed, prune_sets):
+    """With ΣA_out exactly 0 at most nodes (A zero on their out-edges, as at an exact fixed point), the
+    pruned walk still equals the literal k-hop means, and rows that cannot meet a non-zero sum keep A_t."""
+    import stages.advantage.graft as graft_module
+    from stages.advantage.graft import horizons, nonzero_reach
+
+    walks = []
+
+    def graph_gae(*args):  # set pruning forced on or off; counts the walks (a second one is the fallback)
+        saved = graft_module._PRUNE_SETS_BELOW, graft_module._walk
+        graft_module._PRUNE_SETS_BELOW = 2.0 if prune_sets else 0.0
+        graft_module._walk = lambda *a: walks.append(1) or saved[1](*a)
+        try:
+            return graft_module.graph_gae(*args)
+        finally:
+            graft_module._PRUNE_SETS_BELOW, graft_module._walk = saved
+
+    nodes, edges = build_graph(synth_steps(**knobs))
+    index = index_graph(nodes, edges)
+    rng = np.random.default_rng(seed)
+    live = rng.random(index.n_nodes) < keep  # nodes whose out-edges carry non-zero A
+    td = np.where(live[index.src], rng.normal(size=edges.height), 0.0)
+    horizon = horizons(edges)
+    got = graph_gae(index, td, horizon, decay, 1.0)
+    np.testing.assert_allclose(got, _literal_graph_gae(edges, td, horizon, decay), atol=1e-12, rtol=0)
+    sum_a = np.bincount(index.src, weights=td, minlength=index.n_nodes)
+    far = nonzero_reach(index, sum_a)[index.dst] >= horizon
+    assert np.array_equal(got[far], td[far])  # exactly, not approximately
+    assert len(walks) <= 1  # trajectories are walks on the graph: the expanded sets always suffice
+
+
+@pytest.mark.parametrize("prune_sets_below", [0.0, 2.0])
+def test_graph_gae_needs_no_fallback_walk_on_solved_values(monkeypatch, prune_sets_below):
+    """Rows kept at A_t shrink the singletons' needs; a walk that meets such a row's dst as a one-member
+    set must then stop there (all later sums are 0), not run off the expanded sets into the fallback."""
+    import stages.advantage.graft as graft_module
+
+    knobs = dict(width=6, merge=0.5, cycles=0.1, invalid_rate=0.1, truncation=0.1, end_rate=0.05)
+    steps = synth_steps(groups=10, group_size=8, horizon=30, seed=3, **knobs)
+    expected, *_ = _credit(steps, gamma=0.99, lam=0.95, normalize="none")
+    walks = []
+    real = graft_module._walk
+    monkeypatch.setattr(graft_module, "_walk", lambda *a: walks.append(1) or real(*a))
+    monkeypatch.setattr(graft_module, "_PRUNE_SETS_BELOW", prune_sets_below)
+    got, *_ = _credit(steps, gamma=0.99, lam=0.95, normalize="none")
+    assert len(walks) == 1
+    np.testing.assert_array_equal(got.gae, expected.gae)

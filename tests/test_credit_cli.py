@@ -332,3 +332,42 @@ def test_schema_steps_says_which_columns_credit_needs(runner):
     assert "default 0" in rows["iter"] and 'default ""' in rows["task_type"]
     for column in ("prompt", "response_ids", "response_logprobs"):
         assert "training only" in rows[column], column
+
+
+def test_file_mode_reads_each_input_once_and_matches_separate_stages(runner, tmp_path, monkeypatch):
+    """``graft advantage FILE -o OUT`` chains graph -> solve -> advantage in memory: the steps file is
+    read once, no table it just wrote is read back, and the outputs equal three separate commands'."""
+    steps = synth_steps(groups=3, group_size=4, horizon=6, seed=2).with_columns(
+        task_type=pl.format("t{}", pl.col("group_id").rank("dense") % 2)
+    )
+    path = _write_plain(steps, tmp_path / "steps.parquet")
+    reads: list[str] = []
+    real = credit.read_table
+    monkeypatch.setattr(
+        credit, "read_table", lambda p, *a, **k: reads.append(Path(p).name) or real(p, *a, **k)
+    )
+    chained = tmp_path / "chained"
+    assert runner.invoke(app, ["advantage", str(path), "-o", str(chained)]).exit_code == 0
+    assert reads == ["steps.parquet"]
+    reads.clear()
+    assert runner.invoke(app, ["advantage", str(path), "-o", str(chained)]).exit_code == 0
+    assert sorted(reads) == ["edges.parquet", "nodes.parquet", "steps.parquet", "values.parquet"]
+    separate = tmp_path / "separate"
+    assert runner.invoke(app, ["graph", str(path), "-o", str(separate)]).exit_code == 0
+    assert runner.invoke(app, ["solve", str(separate)]).exit_code == 0
+    reads.clear()
+    assert runner.invoke(app, ["advantage", str(path), "-o", str(separate)]).exit_code == 0
+    assert sorted(reads) == ["edges.parquet", "nodes.parquet", "steps.parquet", "values.parquet"]
+    for name in ("nodes", "edges", "values", "advantages"):
+        assert read_table(chained / f"{name}.parquet", name).equals(
+            read_table(separate / f"{name}.parquet", name)
+        )
+
+    def measured(folder: Path, stage: str) -> pl.DataFrame:
+        return read_table(folder / f"metrics_{stage}.parquet", "metrics").filter(pl.col("name") != "seconds")
+
+    # per-task-type rows too (`graft solve DIR` alone knows no steps file, so only its overall rows)
+    assert measured(chained, "graph").equals(measured(separate, "graph"))
+    assert measured(chained, "graph")["task_type"].drop_nulls().unique().sort().to_list() == ["t0", "t1"]
+    overall = pl.col("task_type").is_null()
+    assert measured(chained, "solve").filter(overall).equals(measured(separate, "solve"))

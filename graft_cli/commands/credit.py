@@ -205,7 +205,15 @@ def advantage(
     Stale: built from another steps file or another graph/solve config.
     """
     from stages.advantage.registry import get_estimator
-    from stages.credit import advantage_files, graph_files, run_advantage, run_graph, run_solve, solve_files
+    from stages.credit import (
+        Held,
+        advantage_files,
+        graph_files,
+        run_advantage,
+        run_graph,
+        run_solve,
+        solve_files,
+    )
 
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "advantage")
@@ -232,12 +240,13 @@ def advantage(
         inputs = _read_inputs(folder)
         graph_inputs = _graph_inputs(steps, config)
         have_graph = (folder / "nodes.parquet").is_file() and (folder / "edges.parquet").is_file()
+        held = Held()  # one process: each table is read once and handed on in memory
         if not have_graph or inputs.get("graph") != graph_inputs:
-            graph_files(steps, folder, config, require_stamp=False)
+            graph_files(steps, folder, config, require_stamp=False, held=held)
             inputs = {"graph": graph_inputs}
             _write_inputs(folder, inputs)
         if not (folder / "values.parquet").is_file() or inputs.get("solve") != _solve_inputs(config):
-            solve_files(folder, config, steps_path=steps)
+            solve_files(folder, config, steps_path=steps, held=held)
             _write_inputs(folder, {"graph": graph_inputs, "solve": _solve_inputs(config)})
-        advantage_files(steps, folder, config, require_stamp=False)
+        advantage_files(steps, folder, config, require_stamp=False, held=held)
     typer.echo(f"wrote {folder / 'advantages.parquet'}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import polars as pl
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from schemas.errors import GraftError
+
+if TYPE_CHECKING:  # polars and rich load when a command runs, not for --help
+    import polars as pl
 
 
 def synth(
@@ -40,6 +41,8 @@ def synth(
     ),
 ) -> None:
     """Write synthetic group rollouts of random sparse-reward MDPs as a steps table."""
+    import polars as pl
+
     from stages.synth import write_synth
 
     paths = write_synth(
@@ -56,6 +59,9 @@ def schema(
     table: str = typer.Argument(None, help="Table to describe; omit to list all tables."),
 ) -> None:
     """Print the graft tables, or one table's columns with their types and meaning."""
+    from rich.console import Console
+    from rich.table import Table
+
     from schemas import TABLES
     from schemas.definitions import steps_column_role
 
@@ -92,6 +98,9 @@ def sql(
     fmt: str = typer.Option("table", "--format", help="Output format: table | csv | json."),
 ) -> None:
     """Query every table of a run with DuckDB (read-only; one view per table, all iterations)."""
+    from rich.console import Console
+    from rich.table import Table
+
     from stages.sql import run_query
 
     if fmt not in ("table", "csv", "json"):
@@ -113,6 +122,8 @@ def sql(
 
 def _nested_to_text(frame: pl.DataFrame) -> pl.DataFrame:
     """CSV has no nested types: write list/struct columns as JSON text."""
+    import polars as pl
+
     nested = [n for n, t in frame.schema.items() if t.is_nested()]
     if not nested:
         return frame

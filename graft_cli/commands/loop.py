@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
-from schemas.rundir import Run, atomic_write_text, checkpoint_complete, create_run, open_run
+
+if TYPE_CHECKING:  # schemas.rundir imports polars: loaded when a command runs, not for --help
+    from schemas.rundir import Run
 
 
 def resolve_loop_run(
@@ -21,6 +24,8 @@ def resolve_loop_run(
     without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention
     and ``[log]`` are treated the same way.
     """
+    from schemas.rundir import atomic_write_text, create_run, open_run
+
     if config_path is None and run_dir is None:
         raise GraftError("graft loop: give --config FILE (new run) or --run DIR (resume)")
     if config_path is None:
@@ -58,6 +63,7 @@ def resolve_eval_target(
     ``iter_I/eval.parquet``; ``initial``: the initial policy -> ``<run>/eval.parquet`` (iter -1);
     another directory: that model -> ``<run>/eval_<dirname>.parquet`` (iter -1).
     """
+    from schemas.rundir import checkpoint_complete
     from stages.evaluate import output_path, policy_dir
 
     if iteration is not None and iteration < -1:
@@ -151,6 +157,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
         from schemas import write_table
+        from schemas.rundir import open_run
         from stages.evaluate import evaluate_model
 
         run = open_run(run_dir)
@@ -188,6 +195,7 @@ def register(app: typer.Typer) -> None:
         out: str = typer.Option(None, "-o", "--out", help="Output image path (default <run>/viz/...)."),
     ) -> None:
         """Draw one trajectory graph: nodes coloured by value, edges labelled with advantage."""
+        from schemas.rundir import open_run
         from stages.viz import write_viz
 
         if fmt not in ("png", "svg"):

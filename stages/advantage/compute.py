@@ -8,6 +8,7 @@ import polars as pl
 from schemas.config import AdvantageConfig
 from schemas.errors import GraftError
 from stages.advantage.registry import CreditInputs, get_estimator
+from stages.solve import GraphIndex
 
 
 def _column(values: np.ndarray | None, n: int, name: str, estimator: str) -> pl.Series:
@@ -26,10 +27,12 @@ def compute_advantages(
     values: pl.DataFrame | None,
     config: AdvantageConfig,
     gamma: float,
+    index: GraphIndex | None = None,
 ) -> pl.DataFrame:
     """Advantages table, one row per steps row in the same order, from estimator ``config.estimator``.
 
-    ``edges`` must be row-aligned with ``steps`` (the graph stage's output for these steps).
+    ``edges`` must be row-aligned with ``steps`` (the graph stage's output for these steps);
+    ``index``: stages.solve.index_graph(nodes, edges) when the caller already has it.
     """
     if edges.height != steps.height:
         raise GraftError(f"edges has {edges.height} rows but steps has {steps.height}; rebuild the graph")
@@ -38,7 +41,9 @@ def compute_advantages(
         raise GraftError("edges rows do not match the steps rows (traj_id, step); rebuild the graph")
     name = config.estimator
     estimator = get_estimator(name)
-    out = estimator(CreditInputs(steps=steps, edges=edges, nodes=nodes, values=values, gamma=gamma), config)
+    out = estimator(
+        CreditInputs(steps=steps, edges=edges, nodes=nodes, values=values, gamma=gamma, index=index), config
+    )
     n = steps.height
     advantage = _column(out.advantage, n, "advantage", name)
     if advantage.is_nan().any() or not np.isfinite(advantage.to_numpy()).all():

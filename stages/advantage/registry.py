@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from schemas.config import AdvantageConfig
 from schemas.errors import GraftError
+
+if TYPE_CHECKING:
+    from stages.solve import GraphIndex
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,7 @@ class CreditInputs:
     nodes:  nodes table (per group)
     values: values table (per group, per node) -- None for estimators that need no graph values
     gamma:  discount of the graph solve (SPEC §4)
+    index:  stages.solve.index_graph(nodes, edges) when the caller already has it (else None)
     """
 
     steps: pl.DataFrame
@@ -28,6 +33,7 @@ class CreditInputs:
     nodes: pl.DataFrame
     values: pl.DataFrame | None
     gamma: float
+    index: GraphIndex | None = None
 
 
 @dataclass(frozen=True)
