@@ -18,12 +18,10 @@ Timing of stages that already ran in an earlier (killed) process is kept in a sm
 
 from __future__ import annotations
 
-import fcntl
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +30,7 @@ import polars as pl
 from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import STAGES, Run, atomic_write_text
+from schemas.rundir import STAGES, Run, atomic_write_text, run_lock
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
 from stages.rollout import ensure_initial_model, make_environment, run_rollout
@@ -109,25 +107,6 @@ def remove_stale_temporaries(run: Run) -> list[Path]:
     return removed
 
 
-@contextmanager
-def run_lock(run: Run) -> Iterator[None]:
-    """Hold an exclusive lock on the run directory (one ``graft loop`` per run at a time).
-
-    The lock is an ``flock`` on ``<run>/.lock``: the kernel releases it when the process dies, so a
-    killed loop never leaves a stale lock behind.
-    """
-    run.root.mkdir(parents=True, exist_ok=True)
-    fh = open(run.root / ".lock", "w")  # noqa: SIM115 - held for the whole loop
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise GraftError(f"{run.root}: another graft loop is running on this run") from None
-        yield
-    finally:
-        fh.close()
-
-
 def run_iteration(
     run: Run,
     iteration: int,
@@ -180,7 +159,7 @@ def run_loop(
     wrappers. ``prepare`` (default ``ensure_initial_model``) builds the initial model.
     ``on_iteration`` is called after each iteration (the CLI prints its line there).
     """
-    with run_lock(run):
+    with run_lock(run.root):
         return _run_loop_locked(run, config, iters, runners, on_iteration, prepare)
 
 

@@ -425,19 +425,6 @@ def test_sigkill_in_every_stage_resumes_to_the_same_tables(reference_run: Path, 
             assert (a[name][key] == b[name][key]).all(), (name, key)
 
 
-def test_a_second_loop_on_the_same_run_is_refused(tmp_path: Path) -> None:
-    from stages.loop import run_lock
-
-    config = _config(eval_every=0)
-    run = create_run(tmp_path / "r", config)
-    calls: list[tuple[str, int]] = []
-    with run_lock(run), pytest.raises(GraftError, match="another graft loop is running"):
-        run_loop(run, config, 1, runners=fake_runners(calls), prepare=lambda *_: None)
-    assert calls == []
-    run_loop(run, config, 1, runners=fake_runners(calls), prepare=lambda *_: None)  # released
-    assert len(calls) == len(STAGES)
-
-
 @pytest.mark.slow
 def test_graft_eval_reproduces_the_loops_evaluation(reference_run: Path, tmp_path: Path) -> None:
     import shutil

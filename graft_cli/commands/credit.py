@@ -134,11 +134,13 @@ def graph(
     overrides: list[str] = _SET_OPTION,
 ) -> None:
     """Build the trajectory graphs: steps -> nodes.parquet, edges.parquet."""
+    from schemas.rundir import run_lock
     from stages.credit import graph_files, run_graph
 
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "graph")
-        run_graph(run, iteration, config)  # type: ignore[arg-type]
+        with run_lock(run.root):
+            run_graph(run, iteration, config)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
         steps = _steps_file(target, "graph")
@@ -156,11 +158,13 @@ def solve(
     overrides: list[str] = _SET_OPTION,
 ) -> None:
     """Bellman values on the graphs: nodes, edges -> values.parquet."""
+    from schemas.rundir import run_lock
     from stages.credit import run_solve, solve_files
 
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "solve")
-        run_solve(run, iteration, config)  # type: ignore[arg-type]
+        with run_lock(run.root):
+            run_solve(run, iteration, config)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
         if not target.is_dir():
@@ -187,6 +191,7 @@ def advantage(
 
     Stale: built from another steps file or another graph/solve config.
     """
+    from schemas.rundir import run_lock
     from stages.advantage.registry import get_estimator
     from stages.credit import advantage_files, graph_files, run_advantage, run_graph, run_solve, solve_files
 
@@ -198,11 +203,12 @@ def advantage(
         keys = {o.split("=", 1)[0].strip() for o in overrides}
         new_graph = any(k.startswith("graph.") for k in keys)
         new_values = new_graph or any(k.startswith("solve.") for k in keys)
-        if new_graph or not run.stage_complete("graph", it):
-            run_graph(run, it, config)
-        if new_values or not run.stage_complete("solve", it):
-            run_solve(run, it, config)
-        run_advantage(run, it, config)
+        with run_lock(run.root):
+            if new_graph or not run.stage_complete("graph", it):
+                run_graph(run, it, config)
+            if new_values or not run.stage_complete("solve", it):
+                run_solve(run, it, config)
+            run_advantage(run, it, config)
         folder = run.iter_dir(it)
     else:
         steps = _steps_file(target, "advantage")

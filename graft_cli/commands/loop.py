@@ -8,7 +8,19 @@ import typer
 
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
-from schemas.rundir import Run, atomic_write_text, checkpoint_complete, create_run, open_run
+from schemas.rundir import Run, atomic_write_text, checkpoint_complete, create_run, open_run, run_lock
+
+
+def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]) -> tuple[Path, Config]:
+    """The run directory of a ``graft loop`` call and its validated config; reads, writes nothing."""
+    if config_path is None and run_dir is None:
+        raise GraftError("graft loop: give --config FILE (new run) or --run DIR (resume)")
+    if config_path is None:
+        config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
+    else:
+        config = load_config(config_path, overrides)
+    root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
+    return root, config
 
 
 def resolve_loop_run(
@@ -16,28 +28,27 @@ def resolve_loop_run(
 ) -> tuple[Run, Config, int]:
     """Create or reopen the run of ``graft loop``; return it, its config and the iteration target.
 
+    Everything is checked before the run directory is touched, and the run's lock is taken before
+    config.toml is compared or written (the caller holds it on through the loop): a second loop that
+    is refused leaves the running one's config byte-identical.
+
     ``run.iters`` is the loop's stopping point, not part of what an iteration computes, so it never
     counts as a config change: ``--iters`` (or an edited ``run.iters``) extends or shortens a run
     without ``--force``, and the saved config records the newest target.
     """
-    if config_path is None and run_dir is None:
-        raise GraftError("graft loop: give --config FILE (new run) or --run DIR (resume)")
-    if config_path is None:
-        config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
-    else:
-        config = load_config(config_path, overrides)
+    root, config = loop_root(config_path, run_dir, overrides)
     target = iters if iters is not None else config.run.iters
     if target < 0:
         raise GraftError(f"--iters {target}: must be >= 0")
-    root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
-    saved_path = root / "config.toml"
-    if saved_path.is_file():
-        saved = load_config(saved_path)
-        config.run.iters = saved.run.iters  # compare everything but the stopping point
-    run = create_run(root, config, force=force)
-    if config.run.iters != target:
-        config.run.iters = target
-        atomic_write_text(run.config_path, config.to_toml())
+    with run_lock(root):
+        saved_path = root / "config.toml"
+        if saved_path.is_file():
+            saved = load_config(saved_path)
+            config.run.iters = saved.run.iters  # compare everything but the stopping point
+        run = create_run(root, config, force=force)
+        if config.run.iters != target:
+            config.run.iters = target
+            atomic_write_text(run.config_path, config.to_toml())
     return run, config, target
 
 
@@ -117,15 +128,19 @@ def register(app: typer.Typer) -> None:
         from stages.loop import run_loop
 
         console = Console(stderr=False)
-        run, cfg, target = resolve_loop_run(config, run_dir, list(overrides), iters, force)
-        console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False)
-        results = run_loop(run, cfg, target, on_iteration=lambda r: _print_iteration(console, run, r, cfg))
-        if not results:
-            console.print(f"nothing to do: iterations 0..{target - 1} are finished", highlight=False)
-            return
-        from stages.report import success_summary, write_report
+        root, _ = loop_root(config, run_dir, list(overrides))  # checks the config before any write
+        with run_lock(root):
+            run, cfg, target = resolve_loop_run(config, run_dir, list(overrides), iters, force)
+            console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False)
+            results = run_loop(
+                run, cfg, target, on_iteration=lambda r: _print_iteration(console, run, r, cfg)
+            )
+            if not results:
+                console.print(f"nothing to do: iterations 0..{target - 1} are finished", highlight=False)
+                return
+            from stages.report import success_summary, write_report
 
-        png, markdown = write_report([run.root])
+            png, markdown = write_report([run.root])
         console.print(success_summary(run), highlight=False)
         console.print(
             f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)", highlight=False
@@ -146,9 +161,10 @@ def register(app: typer.Typer) -> None:
 
         run = open_run(run_dir)
         cfg = run.load_config(list(overrides))
-        it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
-        rows = evaluate_model(run, cfg, model_dir, it, name)
-        write_table(rows, "eval", out)
+        with run_lock(run.root):
+            it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
+            rows = evaluate_model(run, cfg, model_dir, it, name)
+            write_table(rows, "eval", out)
         overall = {
             r["name"]: r["value"] for r in rows.filter(rows["task_type"].is_null()).iter_rows(named=True)
         }

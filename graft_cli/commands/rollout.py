@@ -62,7 +62,7 @@ def rollout(
     """Play one iteration of rollouts and write steps.parquet (+ metrics_rollout.parquet)."""
     from schemas import write_table
     from schemas.config import load_config
-    from schemas.rundir import Run, open_run
+    from schemas.rundir import Run, open_run, run_lock
     from stages.rollout import parse_shard, rollout_iteration, run_rollout
 
     if iteration < 0:
@@ -79,13 +79,16 @@ def rollout(
         if merge:
             from stages.rollout import merge_rollout_shards
 
-            if not merge_rollout_shards(run, iteration, config, merge):
-                raise GraftError(
-                    f"{run.iter_dir(iteration)}: not all {merge} steps.shard-*-of-{merge} files exist yet"
-                )
+            with run_lock(run.root):
+                if not merge_rollout_shards(run, iteration, config, merge):
+                    raise GraftError(
+                        f"{run.iter_dir(iteration)}: not all {merge} steps.shard-*-of-{merge} files exist yet"
+                    )
             typer.echo(f"wrote {run.table_path(iteration, 'steps')}")
             return
-        path = run_rollout(run, iteration, config, shard=parts, progress=progress)
+        # shard workers write disjoint files side by side: a shared lock, which still excludes a loop
+        with run_lock(run.root, shared=parts is not None):
+            path = run_rollout(run, iteration, config, shard=parts, progress=progress)
         typer.echo(f"wrote {path}")
         return
     if out is None:

@@ -30,16 +30,18 @@ def register(app: typer.Typer) -> None:
         import polars as pl
 
         from schemas.errors import GraftError
-        from schemas.rundir import open_run
+        from schemas.rundir import open_run, run_lock
         from stages.update import run_update
 
         if iteration < 0:
             raise GraftError(f"--iter {iteration}: iterations are >= 0")
         run = open_run(run_dir)
         config = run.load_config(overrides)
-        run_update(run, iteration, config)
-        if int(os.environ.get("RANK", "0")) != 0:
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock for all
+            run_update(run, iteration, config)
             return
+        with run_lock(run.root):
+            run_update(run, iteration, config)
         summary = run.read(iteration, "update").filter(pl.col("epoch") == -1)
         values = dict(zip(summary["name"].to_list(), summary["value"].to_list(), strict=True))
         shown = ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "rows", "steps", "seconds")
