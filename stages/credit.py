@@ -240,6 +240,13 @@ def advantage_files(
     edges = read_table(folder / "edges.parquet", "edges")
     values = read_table(folder / "values.parquet", "values")
     adv = compute_advantages(steps, nodes, edges, values, config.advantage, config.solve.gamma)
+    bad = adv.filter(~pl.col("advantage").is_finite())
+    if bad.height:
+        row = bad.row(0, named=True)
+        raise GraftError(
+            f"advantage: {bad.height} advantage(s) are not finite (first: traj_id {row['traj_id']!r}, step "
+            f"{row['step']}: {row['advantage']}); the steps' rewards or outcomes overflow float64"
+        )
     write_metrics(
         folder, "advantage", iteration, {**advantage_metrics(adv), "seconds": time.perf_counter() - t0}
     )

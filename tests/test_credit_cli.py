@@ -219,7 +219,7 @@ def test_bad_steps_are_rejected_with_one_line(runner, tmp_path, rule, command):
         (["graph", "{tmp}/missing.parquet", "-o", "{out}"], "file not found"),
         (["graph", "{steps}"], "-o OUT_DIR"),
         (["solve", "{tmp}/empty"], "nodes.parquet"),
-        (["solve", "{tmp}/graphed", "--set", "solve.gamma=1.0"], "cycle"),
+        (["solve", "{tmp}/graphed", "--set", "solve.gamma=0.9"], "cycle"),
         (
             ["advantage", "{steps}", "-o", "{out}", "--set", "advantage.estimator=magic"],
             "unknown advantage.estimator",
@@ -272,3 +272,18 @@ def test_metrics_per_task_type(runner, tmp_path):
     solve = read_table(out / "metrics_solve.parquet", "metrics")
     prop = solve.filter((pl.col("task_type") == "pick") & (pl.col("name") == "share_steps_propagation_1"))
     assert prop["value"].to_list() == [1.0]
+
+
+def test_solve_refuses_values_that_overflow(runner, tmp_path):
+    """Rewards of 1e308 are finite, their sums are not: solve and advantage stop, nothing is written."""
+    steps = fig2_steps().with_columns(pl.lit(1e308).alias("reward"), pl.lit(1e308).alias("outcome"))
+    path = _write_plain(steps, tmp_path / "steps.parquet")
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["graph", str(path), "-o", str(out)]).exit_code == 0
+    result = runner.invoke(app, ["solve", str(out), "--set", "solve.gamma=0.9"])
+    assert result.exit_code == 2, result.output
+    assert "solve:" in result.stderr and "node value(s) are not finite" in result.stderr
+    assert "Traceback" not in result.output and not (out / "values.parquet").exists()
+    result = runner.invoke(app, ["advantage", str(path), "-o", str(out), "--set", "solve.gamma=0.9"])
+    assert result.exit_code == 2 and "not finite" in result.stderr
+    assert not (out / "advantages.parquet").exists()
