@@ -219,7 +219,7 @@ def test_bad_steps_are_rejected_with_one_line(runner, tmp_path, rule, command):
         (["graph", "{tmp}/missing.parquet", "-o", "{out}"], "file not found"),
         (["graph", "{steps}"], "-o OUT_DIR"),
         (["solve", "{tmp}/empty"], "nodes.parquet"),
-        (["solve", "{tmp}/graphed", "--set", "solve.gamma=0.9"], "cycle"),
+        (["solve", "{tmp}/graphed", "--set", "solve.gamma=1.0"], "cycle"),
         (
             ["advantage", "{steps}", "-o", "{out}", "--set", "advantage.estimator=magic"],
             "unknown advantage.estimator",
