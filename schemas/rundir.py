@@ -12,6 +12,8 @@ is complete when all of its outputs exist (``stage_complete``).
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -26,7 +28,7 @@ import polars as pl
 from schemas import read_table, write_table
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
-from schemas.io import publish_mode
+from schemas.io import publish_mode, verify_table
 
 # Outputs of each stage, relative to iter_NNNN/ ("checkpoint" = checkpoints/iter_NNNN).
 STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
@@ -107,7 +109,7 @@ class Run:
                 f"{iteration} acts with the policy after {iteration} updates); run iteration {iteration - 1} "
                 "first (graft loop resumes a run)"
             )
-        return previous
+        return verify_checkpoint(previous)
 
     def output_paths(self, stage: str, iteration: int) -> list[Path]:
         paths = []
@@ -128,6 +130,18 @@ class Run:
                 return False
         return True
 
+    def output_damage(self, stage: str, iteration: int) -> list[str]:
+        """What is wrong with the existing outputs of ``stage`` (checksums, readability); [] = intact."""
+        problems = []
+        for path in self.output_paths(stage, iteration):
+            if path.suffix == ".parquet":
+                problem = verify_table(path) if path.is_file() else None
+            else:
+                problem = checkpoint_damage(path) if checkpoint_complete(path) else None
+            if problem is not None:
+                problems.append(problem)
+        return problems
+
     def read(self, iteration: int, table: str) -> pl.DataFrame:
         return read_table(self.table_path(iteration, table), table)
 
@@ -141,11 +155,55 @@ class Run:
 
 
 CHECKPOINT_MARKER = "graft_checkpoint.json"
+MARKER_FILES_KEY = "files"  # the marker's {relative path: sha256} of every other file
 
 
 def checkpoint_complete(path: Path) -> bool:
     """A checkpoint directory is complete when its marker file exists (written last, by rename)."""
     return (path / CHECKPOINT_MARKER).is_file()
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` but the marker, keyed by its relative path."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != CHECKPOINT_MARKER:
+            with open(path, "rb") as fh:
+                out[path.relative_to(folder).as_posix()] = hashlib.file_digest(fh, "sha256").hexdigest()
+    return out
+
+
+def checkpoint_damage(path: Path) -> str | None:
+    """None when the checkpoint's files match its marker's checksums, else what is wrong (one line).
+
+    Checkpoints from before checksums (a marker without ``files``) have nothing to verify.
+    """
+    marker_path = path / CHECKPOINT_MARKER
+    try:
+        marker = json.loads(marker_path.read_text())
+        recorded = marker.get(MARKER_FILES_KEY) if isinstance(marker, dict) else None
+    except (OSError, ValueError) as exc:
+        return f"{marker_path}: unreadable checkpoint marker ({exc})"
+    if recorded is None:
+        return None
+    for name, digest in sorted(recorded.items()):
+        file = path / name
+        if not file.is_file():
+            return f"{file}: missing from the checkpoint"
+        with open(file, "rb") as fh:
+            if hashlib.file_digest(fh, "sha256").hexdigest() != digest:
+                return f"{file}: checksum mismatch (the checkpoint file is damaged)"
+    return None
+
+
+def verify_checkpoint(path: Path) -> Path:
+    """``path`` when it is a complete, intact checkpoint; a GraftError naming the damaged file otherwise."""
+    if not checkpoint_complete(path):
+        raise GraftError(f"{path}: not a complete checkpoint (no {CHECKPOINT_MARKER})")
+    damage = checkpoint_damage(path)
+    if damage is not None:
+        raise GraftError(damage)
+    return path
 
 
 LOCK_FILE = ".lock"

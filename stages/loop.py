@@ -1,7 +1,7 @@
 """The training loop (SPEC §8): rollout → graph → solve → advantage → update per iteration, resumable.
 
 Every stage writes its outputs atomically, so a stage whose outputs exist is complete and is skipped
-on the next start; a loop killed at any moment (SIGKILL included) resumes where it stopped and ends
+on the next start (after their checksums verify: a damaged output makes the stage run again); a loop killed at any moment (SIGKILL included) resumes where it stopped and ends
 with the same tables as an uninterrupted run (each stage is deterministic given its inputs and the
 seeds of ``(run.seed, iteration, purpose)``).
 
@@ -81,6 +81,7 @@ class IterationResult:
     seconds: dict[str, float] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    redone: dict[str, list[str]] = field(default_factory=dict)  # stage -> damage found in its outputs
     evaluated: bool = False
 
 
@@ -124,8 +125,11 @@ def run_iteration(
     stages = [*STAGES, "eval"] if evaluate else list(STAGES)
     for stage in stages:
         if run.stage_complete(stage, iteration):
-            result.skipped.append(stage)
-            continue
+            damage = run.output_damage(stage, iteration)
+            if not damage:
+                result.skipped.append(stage)
+                continue
+            result.redone[stage] = damage  # a damaged finished output: run the stage again
         start = time.perf_counter()
         runners[stage](run, iteration, config)
         if not run.stage_complete(stage, iteration):

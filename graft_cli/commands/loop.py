@@ -8,7 +8,15 @@ import typer
 
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
-from schemas.rundir import Run, atomic_write_text, checkpoint_complete, create_run, open_run, run_lock
+from schemas.rundir import (
+    Run,
+    atomic_write_text,
+    checkpoint_complete,
+    create_run,
+    open_run,
+    run_lock,
+    verify_checkpoint,
+)
 
 
 def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]) -> tuple[Path, Config]:
@@ -76,7 +84,9 @@ def resolve_eval_target(
     if checkpoint == "initial" or iteration == -1:  # named "initial" as the loop's evaluation of it
         return -1, policy_dir(run, -1, config), "initial", output_path(run, -1)
     model_dir = Path(checkpoint)
-    if not checkpoint_complete(model_dir) and not (model_dir / "config.json").is_file():
+    if checkpoint_complete(model_dir):
+        verify_checkpoint(model_dir)
+    elif not (model_dir / "config.json").is_file():
         raise GraftError(f"{model_dir}: not a checkpoint or model directory")
     name = model_dir.resolve().name
     return -1, model_dir, name, run.root / f"eval_{name}.parquet"
@@ -94,6 +104,8 @@ def _print_iteration(console, run: Run, result, config: Config) -> None:  # type
         "update": "upd",
         "eval": "eval",
     }
+    for stage, damage in result.redone.items():
+        console.print(f"iter {result.iteration}: redid {stage}: {damage[0]}", highlight=False, markup=False)
     times = " ".join(f"{short.get(s, s)} {v:.1f}s" for s, v in result.seconds.items())
     parts = [f"[bold]iter {result.iteration:4d}[/bold]"]
     parts.append(f"success {summary.get('success_rate', float('nan')):.3f}")
