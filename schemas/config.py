@@ -389,7 +389,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        # every control character escaped: a raw one would make config.toml unparseable
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        escaped = _CONTROL_CHARACTERS.sub(lambda m: f"\\u{ord(m.group()):04x}", escaped)
         return f'"{escaped}"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 import typing
 
 import pytest
@@ -223,3 +224,13 @@ def test_every_section_has_defaults_for_every_field():
             assert f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING, (
                 f"{section.name}.{f.name} has no default"
             )
+
+
+@given(text=st.text(max_size=30))
+def test_any_string_setting_round_trips_through_the_saved_toml(text):
+    """config.toml stays parseable whatever a string holds (control characters are escaped)."""
+    config = Config()
+    config.env.data = text
+    config.model.path = text
+    config.env.options = {"note": text}
+    assert config_from_dict(tomllib.loads(config.to_toml())) == config
