@@ -274,6 +274,7 @@ def test_metrics_per_task_type(runner, tmp_path):
     assert prop["value"].to_list() == [1.0]
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 def test_solve_refuses_values_that_overflow(runner, tmp_path):
     """Rewards of 1e308 are finite, their sums are not: solve and advantage stop, nothing is written."""
     steps = fig2_steps().with_columns(pl.lit(1e308).alias("reward"), pl.lit(1e308).alias("outcome"))
