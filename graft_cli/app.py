@@ -1,7 +1,8 @@
 """The ``graft`` command line: one typer app; each command group lives in graft_cli/commands/.
 
 User errors (GraftError, and OSErrors about a path such as an output that exists as a file) become one
-line on stderr and exit code 2; ``graft --debug ...`` shows the traceback instead.
+line on stderr and exit code 2; a Ctrl-C is one line and exit code 130; ``graft --debug ...`` shows
+the traceback instead.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ class _GraftGroup(TyperGroup):
                 raise
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            # Ctrl-C: one line and the shell's code for SIGINT (128 + 2), not click's "Aborted!"
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            typer.echo("error: interrupted", err=True)
+            raise typer.Exit(130) from None
         except OSError as exc:
             # a path the user gave that cannot be written or read (exists as a file, not a directory,
             # no permission, ...): one line like a GraftError; OSErrors without a path stay tracebacks

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +29,7 @@ class RunConfig:
     seed: int = 0
     iters: int = 10
     eval_every: int = 5  # 0 disables evaluation inside the loop
-    device: str = "cpu"  # cpu | cuda | auto
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
     torch_threads: int = 1
 
 
@@ -228,6 +230,23 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
     return True, value
 
 
+def _first_non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """The first inf/nan in ``value`` (a scalar or nested tables/arrays) as (key path, value), else None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, dict):
+        items = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for sub_path, sub in items:
+        bad = _first_non_finite(sub, sub_path)
+        if bad is not None:
+            return bad
+    return None
+
+
 def _describe(annotation: Any) -> str:
     if typing.get_origin(annotation) is Literal:
         return " | ".join(repr(a) for a in typing.get_args(annotation))
@@ -254,6 +273,11 @@ def _build(cls: type, data: dict[str, Any], prefix: str, source: str) -> Any:
         if not ok:
             raise GraftError(
                 f"{source}: config key '{path}' = {value!r} is invalid; expected {_describe(annotation)}"
+            )
+        bad = _first_non_finite(coerced, path)
+        if bad is not None:
+            raise GraftError(
+                f"{source}: config key '{bad[0]}' = {bad[1]!r} is invalid; numbers must be finite"
             )
         kwargs[key] = coerced
     return cls(**kwargs)
@@ -301,36 +325,107 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not path.is_file():
             raise GraftError(f"{path}: config file not found")
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise GraftError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
         except tomllib.TOMLDecodeError as exc:
             raise GraftError(f"{path}: invalid TOML ({exc})") from None
     apply_overrides(data, list(overrides))
     return config_from_dict(data, source if not overrides else f"{source} (with --set)")
 
 
+# Ranges of every number (and the free-text keys with a rule), checked in one place after the types
+# (and, for floats, finiteness) are. A key of type int or float must appear here (a test keeps it so).
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def _at_least(low: float) -> Rule:
+    return (lambda v: v >= low), f"must be >= {low:g}"
+
+
+def _above(low: float) -> Rule:
+    return (lambda v: v > low), f"must be > {low:g}"
+
+
+def _within(low: float, high: float, low_open: bool = False) -> Rule:
+    bracket = "(" if low_open else "["
+    return (
+        lambda v: (v > low if low_open else v >= low) and v <= high
+    ), f"must be in {bracket}{low:g}, {high:g}]"
+
+
+_ANY_NUMBER: Rule = (lambda v: True, "")
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_RUN_NAME: Rule = (
+    lambda v: (
+        bool(v) and v not in (".", "..") and not re.search(r"[/\\]", v) and not _CONTROL_CHARACTERS.search(v)
+    ),
+    "must be a non-empty directory name without '/', '\\' or control characters",
+)
+
+RANGES: dict[str, Rule] = {
+    "run.name": _RUN_NAME,
+    "run.seed": _at_least(0),  # SeedSequence entropy is non-negative
+    "run.iters": _at_least(0),
+    "run.eval_every": _at_least(0),  # 0 = no evaluation inside the loop
+    "run.torch_threads": _at_least(1),
+    "env.max_turns": _at_least(1),
+    "env.train_tasks": _at_least(1),
+    "env.eval_tasks": _at_least(1),
+    "env.invalid_penalty": _ANY_NUMBER,  # any finite step reward (usually <= 0)
+    "model.tiny_hidden": _at_least(1),
+    "model.tiny_layers": _at_least(1),
+    "model.tiny_heads": _at_least(1),
+    "rollout.groups": _at_least(1),
+    "rollout.group_size": _at_least(1),
+    "rollout.temperature": _at_least(0),  # 0 = greedy
+    "rollout.max_new_tokens": _at_least(1),
+    "rollout.history": _at_least(-1),  # -1 = the whole history
+    "rollout.max_prompt_tokens": _at_least(1),
+    "rollout.batch_size": _at_least(1),
+    "rollout.max_env_errors": _at_least(0),
+    "graph.tau": _within(0, 1, low_open=True),
+    "graph.embed_batch": _at_least(1),
+    "solve.gamma": _within(0, 1, low_open=True),
+    "solve.eps": _above(0),
+    "advantage.lam": _within(0, 1),
+    "advantage.gigpo_omega": _at_least(0),
+    "advantage.gigpo_gamma": _within(0, 1),
+    "advantage.graphgpo_w": _within(0, 1, low_open=True),  # step return 10 * w^distance
+    "update.lr": _at_least(0),
+    "update.warmup_steps": _at_least(0),
+    "update.epochs": _at_least(1),
+    "update.minibatch_size": _at_least(1),
+    "update.clip_low": _within(0, 1),  # the ratio's lower clip is 1 - clip_low
+    "update.clip_high": _at_least(0),
+    "update.beta": _at_least(0),
+    "update.grad_clip": _at_least(0),  # 0 = no clipping
+    "update.weight_decay": _at_least(0),
+    "update.max_tokens_per_batch": _at_least(1),
+    "eval.temperature": _at_least(0),
+    "eval.group_size": _at_least(1),
+    "sft.episodes": _at_least(1),
+    "sft.noise": _within(0, 1),  # a probability
+    "sft.epochs": _at_least(1),
+    "sft.lr": _above(0),
+    "sft.batch_size": _at_least(1),
+    "checkpoint.keep_last": _at_least(0),  # 0 = keep every checkpoint
+    "checkpoint.keep_every": _at_least(0),  # 0 = none
+}
+
+
 def _check_ranges(config: Config, source: str) -> None:
-    checks = [
-        (config.run.seed >= 0, "run.seed must be >= 0"),  # SeedSequence entropy is non-negative
-        (0.0 < config.solve.gamma <= 1.0, "solve.gamma must be in (0, 1]"),
-        (config.solve.eps > 0, "solve.eps must be > 0"),
-        (0.0 <= config.advantage.lam <= 1.0, "advantage.lam must be in [0, 1]"),
-        (0.0 < config.graph.tau <= 1.0, "graph.tau must be in (0, 1]"),
-        (config.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
-        (config.rollout.groups >= 1, "rollout.groups must be >= 1"),
-        (config.env.max_turns >= 1, "env.max_turns must be >= 1"),
-        (config.update.clip_low >= 0 and config.update.clip_high >= 0, "update.clip_* must be >= 0"),
-        (config.update.lr >= 0, "update.lr must be >= 0"),
-        (config.sft.episodes >= 1, "sft.episodes must be >= 1"),
-        (0.0 <= config.sft.noise <= 1.0, "sft.noise must be in [0, 1]"),
-        (config.sft.epochs >= 1, "sft.epochs must be >= 1"),
-        (math.isfinite(config.sft.lr) and config.sft.lr > 0, "sft.lr must be finite and > 0"),
-        (config.sft.batch_size >= 1, "sft.batch_size must be >= 1"),
-        (config.checkpoint.keep_last >= 0, "checkpoint.keep_last must be >= 0 (0 = keep every checkpoint)"),
-        (config.checkpoint.keep_every >= 0, "checkpoint.keep_every must be >= 0 (0 = none)"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise GraftError(f"{source}: {message}")
+    for section in dataclasses.fields(config):
+        values = getattr(config, section.name)
+        for item in dataclasses.fields(values):
+            key = f"{section.name}.{item.name}"
+            rule = RANGES.get(key)
+            if rule is None:
+                continue
+            ok, message = rule
+            value = getattr(values, item.name)
+            if not ok(value):
+                raise GraftError(f"{source}: config key '{key}' = {value!r} is invalid; {message}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +438,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        # every control character escaped: a raw one would make config.toml unparseable
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        escaped = _CONTROL_CHARACTERS.sub(lambda m: f"\\u{ord(m.group()):04x}", escaped)
         return f'"{escaped}"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"

@@ -11,18 +11,24 @@ is complete when all of its outputs exist (``stage_complete``).
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import polars as pl
 
 from schemas import read_table, write_table
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
-from schemas.io import publish_mode
+from schemas.io import publish_mode, verify_table
 
 # Outputs of each stage, relative to iter_NNNN/ ("checkpoint" = checkpoints/iter_NNNN).
 STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
@@ -137,7 +143,7 @@ class Run:
                 f"{iteration} acts with the policy after {iteration} updates); run iteration {iteration - 1} "
                 "first (graft loop resumes a run)"
             )
-        return previous
+        return verify_checkpoint(previous)
 
     def output_paths(self, stage: str, iteration: int) -> list[Path]:
         paths = []
@@ -189,6 +195,18 @@ class Run:
                 out.append(int(suffix))
         return sorted(out)
 
+    def output_damage(self, stage: str, iteration: int) -> list[str]:
+        """What is wrong with the existing outputs of ``stage`` (checksums, readability); [] = intact."""
+        problems = []
+        for path in self.output_paths(stage, iteration):
+            if path.suffix == ".parquet":
+                problem = verify_table(path) if path.is_file() else None
+            else:
+                problem = checkpoint_damage(path) if checkpoint_complete(path) else None
+            if problem is not None:
+                problems.append(problem)
+        return problems
+
     def read(self, iteration: int, table: str) -> pl.DataFrame:
         return read_table(self.table_path(iteration, table), table)
 
@@ -202,6 +220,7 @@ class Run:
 
 
 CHECKPOINT_MARKER = "graft_checkpoint.json"
+MARKER_FILES_KEY = "files"  # the marker's {relative path: sha256} of every other file
 
 
 def guard_recompute(run: Run, stage: str, iteration: int, force: bool) -> list[Path]:
@@ -271,6 +290,99 @@ def remove_outputs(paths: list[Path]) -> None:
 def checkpoint_complete(path: Path) -> bool:
     """A checkpoint directory is complete when its marker file exists (written last, by rename)."""
     return (path / CHECKPOINT_MARKER).is_file()
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` but the marker, keyed by its relative path."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != CHECKPOINT_MARKER:
+            with open(path, "rb") as fh:
+                out[path.relative_to(folder).as_posix()] = hashlib.file_digest(fh, "sha256").hexdigest()
+    return out
+
+
+def checkpoint_damage(path: Path) -> str | None:
+    """None when the checkpoint's files match its marker's checksums, else what is wrong (one line).
+
+    Checkpoints from before checksums (a marker without ``files``) have nothing to verify.
+    """
+    marker_path = path / CHECKPOINT_MARKER
+    try:
+        marker = json.loads(marker_path.read_text())
+        recorded = marker.get(MARKER_FILES_KEY) if isinstance(marker, dict) else None
+    except (OSError, ValueError) as exc:
+        return f"{marker_path}: unreadable checkpoint marker ({exc})"
+    if recorded is None:
+        return None
+    for name, digest in sorted(recorded.items()):
+        file = path / name
+        if not file.is_file():
+            return f"{file}: missing from the checkpoint"
+        with open(file, "rb") as fh:
+            if hashlib.file_digest(fh, "sha256").hexdigest() != digest:
+                return f"{file}: checksum mismatch (the checkpoint file is damaged)"
+    return None
+
+
+def verify_checkpoint(path: Path) -> Path:
+    """``path`` when it is a complete, intact checkpoint; a GraftError naming the damaged file otherwise."""
+    if not checkpoint_complete(path):
+        raise GraftError(f"{path}: not a complete checkpoint (no {CHECKPOINT_MARKER})")
+    damage = checkpoint_damage(path)
+    if damage is not None:
+        raise GraftError(damage)
+    return path
+
+
+LOCK_FILE = ".lock"
+# locks this process holds: resolved run root -> (open lock file, nesting depth, shared)
+_HELD: dict[Path, tuple[IO[str], int, bool]] = {}
+
+
+@contextmanager
+def run_lock(root: str | Path, *, shared: bool = False) -> Iterator[None]:
+    """Hold the run's lock while writing into it (``graft loop`` and every stage command take it).
+
+    An ``flock`` on ``<run>/.lock``, taken before anything else in the run is touched (the lock file
+    is the one thing created first). Exclusive by default; ``shared`` for writers of disjoint files
+    that may run side by side (``graft rollout --shard``), which still exclude an exclusive holder.
+    The kernel drops the lock when the process dies, so a killed loop leaves no stale lock. Nested
+    use in one process is free (the outer hold covers it); another process is refused at once.
+    """
+    path = Path(root)
+    key = path.resolve()
+    held = _HELD.get(key)
+    if held is not None:
+        fh, depth, was_shared = held
+        if was_shared and not shared:
+            raise GraftError(
+                f"{path}: this process holds a shared lock on the run and needs an exclusive one"
+            )
+        _HELD[key] = (fh, depth + 1, was_shared)
+        try:
+            yield
+        finally:
+            fh, depth, was_shared = _HELD[key]
+            _HELD[key] = (fh, depth - 1, was_shared)
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    fh = open(path / LOCK_FILE, "a")  # noqa: SIM115 - held until the block ends
+    try:
+        try:
+            fcntl.flock(fh, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise GraftError(
+                f"{path}: another graft process is writing this run (it holds {path / LOCK_FILE}); "
+                "wait for it to finish"
+            ) from None
+        _HELD[key] = (fh, 1, shared)
+        try:
+            yield
+        finally:
+            del _HELD[key]
+    finally:
+        fh.close()
 
 
 def open_run(path: str | Path) -> Run:

@@ -313,6 +313,13 @@ def advantage_files(
     adv = compute_advantages(
         steps, held.nodes, held.edges, held.values, config.advantage, config.solve.gamma, index=held.index
     )
+    bad = adv.filter(~pl.col("advantage").is_finite())
+    if bad.height:
+        row = bad.row(0, named=True)
+        raise GraftError(
+            f"advantage: {bad.height} advantage(s) are not finite (first: traj_id {row['traj_id']!r}, step "
+            f"{row['step']}: {row['advantage']}); the steps' rewards or outcomes overflow float64"
+        )
     write_metrics(
         folder, "advantage", iteration, {**advantage_metrics(adv), "seconds": time.perf_counter() - t0}
     )

@@ -59,6 +59,11 @@ class SentenceEncoder:
         long_states: str = "window",
     ):
         self.model_path = Path(model) if model else default_model_path()
+        if self.model_path.is_file():
+            raise GraftError(
+                f"graph.embed_model: {self.model_path} is a file; give a local sentence-transformers model "
+                "directory with safetensors weights (only safetensors load, never .bin / pickle)"
+            )
         if not self.model_path.is_dir():
             raise GraftError(f"graph.embed_model: {self.model_path} is not a local model directory")
         if long_states not in ("window", "error"):
@@ -75,6 +80,11 @@ class SentenceEncoder:
 
     def _load(self):
         if self._model is None:
+            if not any(self.model_path.rglob("*.safetensors")):
+                raise GraftError(
+                    f"graph.embed_model: {self.model_path} has no .safetensors weights; only safetensors "
+                    "load (.bin / pickle weights are refused)"
+                )
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             import torch
@@ -83,7 +93,13 @@ class SentenceEncoder:
 
             torch.set_num_threads(1)
             hf_logging.disable_progress_bar()  # no weight-loading bar in the middle of CLI output
-            self._model = SentenceTransformer(str(self.model_path), device="cpu")
+            try:
+                self._model = SentenceTransformer(
+                    str(self.model_path), device="cpu", model_kwargs={"use_safetensors": True}
+                )
+            except (OSError, ValueError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise GraftError(f"graph.embed_model: cannot load {self.model_path} ({first})") from None
         return self._model
 
     def window(self) -> int:

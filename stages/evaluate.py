@@ -30,7 +30,7 @@ import polars as pl
 from schemas import write_table
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import Run, checkpoint_complete
+from schemas.rundir import Run, checkpoint_complete, verify_checkpoint
 
 EVAL_METRICS = ("success_rate", "mean_return", "mean_turns", "mean_score", "episodes")
 EVAL_PURPOSE = 0xE7A1  # the eval stream of SeedSequence((run.seed, iteration + 1, purpose))
@@ -118,7 +118,7 @@ def policy_dir(run: Run, iteration: int, config: Config) -> Path:
     path = run.checkpoint_dir(iteration)
     if not checkpoint_complete(path):
         raise GraftError(f"{path}: no complete checkpoint for iteration {iteration}")
-    return path
+    return verify_checkpoint(path)
 
 
 def output_path(run: Run, iteration: int) -> Path:
@@ -136,11 +136,12 @@ def evaluate_model(
     """Play the held-out tasks with the model in ``model_dir``; return the eval rows."""
     import torch
 
+    from stages.envs.base import environment_tasks
     from stages.rollout import collect_episodes, make_engine, make_environment
 
     torch.set_num_threads(max(1, config.run.torch_threads))
     env = make_environment(config)
-    tasks = env.tasks("eval", config.env.eval_tasks, config.run.seed)
+    tasks = environment_tasks(env, "eval", config.env.eval_tasks, config.run.seed)
     if not tasks:
         raise GraftError(f"environment '{config.env.name}' returned no eval tasks")
     engine = make_engine(config, model_dir, checkpoint_name)

@@ -1,7 +1,7 @@
 """The training loop (SPEC §8): rollout → graph → solve → advantage → update per iteration, resumable.
 
 Every stage writes its outputs atomically, so a stage whose outputs exist is complete and is skipped
-on the next start; a loop killed at any moment (SIGKILL included) resumes where it stopped and ends
+on the next start (after their checksums verify: a damaged output makes the stage run again); a loop killed at any moment (SIGKILL included) resumes where it stopped and ends
 with the same tables as an uninterrupted run (each stage is deterministic given its inputs and the
 seeds of ``(run.seed, iteration, purpose)``).
 
@@ -21,12 +21,10 @@ Timing of stages that already ran in an earlier (killed) process is kept in a sm
 
 from __future__ import annotations
 
-import fcntl
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +33,7 @@ import polars as pl
 from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import STAGES, Run, atomic_write_text
+from schemas.rundir import STAGES, Run, atomic_write_text, run_lock
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
 from stages.live_log import TensorBoardLogger, open_logger
@@ -88,6 +86,7 @@ class IterationResult:
     seconds: dict[str, float] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    redone: dict[str, list[str]] = field(default_factory=dict)  # stage -> damage found in its outputs
     evaluated: bool = False
 
 
@@ -114,25 +113,6 @@ def remove_stale_temporaries(run: Run) -> list[Path]:
     return removed
 
 
-@contextmanager
-def run_lock(run: Run) -> Iterator[None]:
-    """Hold an exclusive lock on the run directory (one ``graft loop`` per run at a time).
-
-    The lock is an ``flock`` on ``<run>/.lock``: the kernel releases it when the process dies, so a
-    killed loop never leaves a stale lock behind.
-    """
-    run.root.mkdir(parents=True, exist_ok=True)
-    fh = open(run.root / ".lock", "w")  # noqa: SIM115 - held for the whole loop
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise GraftError(f"{run.root}: another graft loop is running on this run") from None
-        yield
-    finally:
-        fh.close()
-
-
 def run_iteration(
     run: Run,
     iteration: int,
@@ -150,8 +130,11 @@ def run_iteration(
     stages = [*STAGES, "eval"] if evaluate else list(STAGES)
     for stage in stages:
         if run.stage_complete(stage, iteration):
-            result.skipped.append(stage)
-            continue
+            damage = run.output_damage(stage, iteration)
+            if not damage:
+                result.skipped.append(stage)
+                continue
+            result.redone[stage] = damage  # a damaged finished output: run the stage again
         start = time.perf_counter()
         runners[stage](run, iteration, config)
         if not run.stage_complete(stage, iteration):
@@ -185,7 +168,7 @@ def run_loop(
     wrappers. ``prepare`` (default ``ensure_initial_model``) builds the initial model.
     ``on_iteration`` is called after each iteration (the CLI prints its line there).
     """
-    with run_lock(run):
+    with run_lock(run.root):
         logger = open_logger(run, config)
         try:
             return _run_loop_locked(run, config, iters, runners, on_iteration, prepare, logger)

@@ -376,6 +376,13 @@ def solve_values(
     """
     index = index if index is not None else index_graph(nodes, edges)
     value, reaches, propagation, sweeps, residual = solve_index(index, gamma, eps)
+    bad = np.flatnonzero(~np.isfinite(value))
+    if bad.size:
+        first = index.nodes.row(int(bad[0]), named=True)
+        raise GraftError(
+            f"solve: {bad.size} node value(s) are not finite (first: group {first['group_id']!r}, node "
+            f"{first['node']}: {value[bad[0]]}); the edges' rewards or outcomes overflow float64"
+        )
     return index.nodes.select("group_id", "node").with_columns(
         value=pl.Series(value, dtype=pl.Float64),
         reaches_end=pl.Series(reaches, dtype=pl.Boolean),

@@ -14,11 +14,24 @@ Read-only: only one SELECT / WITH / VALUES / FROM statement is accepted; COPY, E
 INSTALL/LOAD, SET, PRAGMA, CREATE ... are refused before anything runs, and once the views exist the
 connection loses file access outside the run directory (``enable_external_access = false`` with the
 run as the only allowed directory) and its configuration is locked.
+
+DuckDB also allows its temp directory, by default ``<cwd>/.tmp`` -- which a run directory could ship as
+a symlink to ``/``. So the temp directory is set, before the lock, to a fresh private directory
+(``tempfile.mkdtemp``, mode 0700, deleted afterwards): spilling still works and nothing else is
+reachable through it. A run holding a symlink that resolves outside the run is refused outright.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -88,20 +101,45 @@ def _hint(message: str, query: str) -> str:
     return message
 
 
-def connect(run_dir: str | Path) -> tuple[duckdb.DuckDBPyConnection, dict[str, list[str]]]:
-    """Open an in-memory, locked-down DuckDB connection with one view per table the run has."""
+def outside_symlinks(root: Path) -> Iterator[tuple[Path, Path]]:
+    """Every symlink under ``root`` (not followed) whose target resolves outside ``root``."""
+    base = root.resolve()
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if path.is_symlink():
+                target = path.resolve()
+                if target != base and base not in target.parents:
+                    yield path, target
+
+
+def connect(
+    run_dir: str | Path, temp_dir: str | Path | None = None, memory_limit: str | None = None
+) -> tuple[duckdb.DuckDBPyConnection, dict[str, list[str]]]:
+    """Open an in-memory, locked-down DuckDB connection with one view per table the run has.
+
+    ``temp_dir`` is where DuckDB may spill (a private directory; None = no spilling at all);
+    ``memory_limit`` (e.g. ``"64MB"``) caps DuckDB's memory before the configuration is locked.
+    """
     root = Path(run_dir)
     if not root.is_dir():
         raise GraftError(f"{root}: run directory not found")
+    for link, target in outside_symlinks(root):
+        raise GraftError(f"{link}: symlink to {target}, outside the run; graft sql reads nothing outside it")
     globs = table_globs(root)
     if not globs:
         raise GraftError(f"{root}: no graft tables found (expected iter_NNNN/<table>.parquet files)")
     con = duckdb.connect(":memory:")
     try:
+        # before anything else: DuckDB's default temp directory <cwd>/.tmp is an allowed directory
+        con.execute(f"SET temp_directory = {_literal(str(temp_dir) if temp_dir is not None else '')}")
+        if memory_limit is not None:
+            con.execute(f"SET memory_limit = {_literal(memory_limit)}")
         for view, patterns in globs.items():
             con.execute(_view_sql(view, patterns))
         con.execute(f"SET allowed_directories = [{_literal(str(root.resolve()) + '/')}]")
         con.execute("SET autoinstall_known_extensions = false")  # never download an extension
+        con.execute("SET autoload_known_extensions = false")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     except duckdb.Error as exc:
@@ -110,22 +148,77 @@ def connect(run_dir: str | Path) -> tuple[duckdb.DuckDBPyConnection, dict[str, l
     return con, globs
 
 
-def run_query(run_dir: str | Path, query: str) -> pl.DataFrame:
-    """Run one read-only query over the run's views and return the result as a polars DataFrame."""
-    check_read_only(query)
-    con, globs = connect(run_dir)
+@contextmanager
+def private_temp_dir() -> Iterator[Path]:
+    """A fresh directory only this process can use, deleted afterwards (DuckDB's spill space)."""
+    path = Path(tempfile.mkdtemp(prefix="graft-sql-"))
     try:
-        return con.sql(query).pl()
-    except duckdb.Error as exc:
-        message = _one_line(exc)
-        missing = _MISSING_TABLE.search(message)
-        if missing and missing.group(1).lower() in VIEW_FILES:
-            table = missing.group(1).lower()
-            have = ", ".join(globs) or "none"
-            raise GraftError(
-                f"{run_dir}: the run has no {table} table (no iter_*/{VIEW_FILES[table]} files); "
-                f"tables in this run: {have}"
-            ) from None
-        raise GraftError(f"sql: {_hint(message, query)}") from None
+        yield path
     finally:
-        con.close()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _execute(con: duckdb.DuckDBPyConnection, query: str, timeout: float | None) -> pl.DataFrame:
+    """Run ``query`` in a worker thread while this (main) thread waits, so that a Ctrl-C or the
+    timeout reaches DuckDB through ``con.interrupt()`` (DuckDB's own SIGINT check can miss a
+    signal). A timeout is a GraftError; a Ctrl-C re-raises KeyboardInterrupt once the query stopped."""
+    outcome: dict[str, object] = {}
+    done = threading.Event()  # not Thread.join: a join cut short by KeyboardInterrupt can lie (3.11)
+
+    def work() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # Ctrl-C is the waiting thread's
+        try:
+            outcome["frame"] = con.sql(query).pl()
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="graft-sql", daemon=True).start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        # short waits: the signal flag is checked between them whichever thread the kernel woke
+        while not done.is_set() and (deadline is None or time.monotonic() < deadline):
+            done.wait(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
+    except KeyboardInterrupt:
+        con.interrupt()
+        done.wait()
+        raise
+    if not done.is_set():
+        con.interrupt()
+        done.wait()
+        if "frame" not in outcome:
+            raise GraftError(f"sql: query stopped after --timeout {timeout:g} s")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["frame"]  # type: ignore[return-value]
+
+
+def run_query(
+    run_dir: str | Path, query: str, timeout: float | None = None, memory_limit: str | None = None
+) -> pl.DataFrame:
+    """Run one read-only query over the run's views and return the result as a polars DataFrame.
+
+    ``timeout`` (seconds) interrupts a query still running then (a GraftError); a Ctrl-C during the
+    query raises KeyboardInterrupt.
+    """
+    if timeout is not None and not timeout > 0:
+        raise GraftError(f"sql: --timeout must be > 0 seconds, got {timeout}")
+    check_read_only(query)
+    with private_temp_dir() as temp_dir:
+        con, globs = connect(run_dir, temp_dir, memory_limit)
+        try:
+            return _execute(con, query, timeout)
+        except duckdb.Error as exc:
+            message = _one_line(exc)
+            missing = _MISSING_TABLE.search(message)
+            if missing and missing.group(1).lower() in VIEW_FILES:
+                table = missing.group(1).lower()
+                have = ", ".join(globs) or "none"
+                raise GraftError(
+                    f"{run_dir}: the run has no {table} table (no iter_*/{VIEW_FILES[table]} files); "
+                    f"tables in this run: {have}"
+                ) from None
+            raise GraftError(f"sql: {_hint(message, query)}") from None
+        finally:
+            con.close()

@@ -162,12 +162,17 @@ def reference_advantages(
     advantage = list(refined)
     size = [1] * len(rows)
     if normalize == "node":
+        # SPEC §4: credit below 1000 x the solve tolerance (1e-8) is solver noise and counts as 0, and a
+        # node whose edges' spread is below it has no spread
+        noise = 1000 * 1e-8
         for members in groups.values():
-            xs = [refined[i] for i in members]
-            for i in members:
+            xs = [0.0 if abs(refined[i]) < noise else refined[i] for i in members]
+            for i, x in zip(members, xs, strict=True):
                 size[i] = len(members)
                 if len(xs) == 1:
-                    advantage[i] = xs[0] / (abs(xs[0]) + 1e-6)
+                    advantage[i] = x / (abs(x) + 1e-6)
+                elif statistics.stdev(xs) < noise:
+                    advantage[i] = 0.0
                 else:
-                    advantage[i] = (refined[i] - statistics.fmean(xs)) / (statistics.stdev(xs) + 1e-6)
+                    advantage[i] = (x - statistics.fmean(xs)) / (statistics.stdev(xs) + 1e-6)
     return {"td": td, "gae": refined, "advantage": advantage, "norm_group_size": size}

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import tomllib
+import typing
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from schemas.config import Config, SolveConfig, apply_overrides, config_from_dict, load_config
+from schemas.config import RANGES, Config, SolveConfig, apply_overrides, config_from_dict, load_config
 from schemas.errors import GraftError
 
 
@@ -87,18 +92,105 @@ def test_wrong_types_are_refused(override, expected):
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("solve.gamma=0", "solve.gamma must be in"),
-        ("solve.gamma=1.5", "solve.gamma must be in"),
-        ("advantage.lam=-0.1", "advantage.lam must be in"),
-        ("graph.tau=0", "graph.tau must be in"),
-        ("rollout.group_size=0", "rollout.group_size must be >= 1"),
-        ("run.seed=-1", "run.seed must be >= 0"),
-        ("update.lr=-1e-5", "update.lr must be >= 0"),
+        ("solve.gamma=0", r"'solve.gamma' = 0.0 is invalid; must be in \(0, 1\]"),
+        ("solve.gamma=1.5", "'solve.gamma' = 1.5 is invalid; must be in"),
+        ("advantage.lam=-0.1", "'advantage.lam' = -0.1 is invalid; must be in"),
+        ("graph.tau=0", "'graph.tau' = 0.0 is invalid; must be in"),
+        ("rollout.group_size=0", "'rollout.group_size' = 0 is invalid; must be >= 1"),
+        ("run.seed=-1", "'run.seed' = -1 is invalid; must be >= 0"),
+        ("update.lr=-1e-5", "'update.lr' = -1e-05 is invalid; must be >= 0"),
+        ("update.epochs=0", "'update.epochs' = 0 is invalid; must be >= 1"),
+        ("update.minibatch_size=0", "'update.minibatch_size' = 0 is invalid; must be >= 1"),
+        ("update.beta=-0.01", "'update.beta' = -0.01 is invalid; must be >= 0"),
+        ("rollout.temperature=-1", "'rollout.temperature' = -1.0 is invalid; must be >= 0"),
+        ("eval.temperature=-0.5", "'eval.temperature' = -0.5 is invalid; must be >= 0"),
+        ("advantage.gigpo_gamma=1.01", "'advantage.gigpo_gamma' = 1.01 is invalid; must be in"),
+        ("advantage.graphgpo_w=0", "'advantage.graphgpo_w' = 0.0 is invalid; must be in"),
+        ("rollout.max_prompt_tokens=0", "'rollout.max_prompt_tokens' = 0 is invalid; must be >= 1"),
+        ("rollout.history=-2", "'rollout.history' = -2 is invalid; must be >= -1"),
+        ("update.clip_low=1.5", "'update.clip_low' = 1.5 is invalid; must be in"),
+        ("run.torch_threads=0", "'run.torch_threads' = 0 is invalid; must be >= 1"),
+        ("run.device='tpu'", r"'run.device' = 'tpu' is invalid; expected 'cpu' \| 'cuda' \| 'auto'"),
+        (
+            'run.name="a\\u001b[31mb"',
+            r"'run.name' = 'a\\x1b\[31mb' is invalid; must be a non-empty directory",
+        ),
+        ('run.name="a\\nb"', r"'run.name' = 'a\\nb' is invalid"),
+        ('run.name="../escape"', "'run.name' = '../escape' is invalid"),
+        ('run.name=""', "'run.name' = '' is invalid"),
     ],
 )
 def test_out_of_range_values_are_refused(override, expected):
     with pytest.raises(GraftError, match=expected):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "+inf"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "update.lr",
+        "rollout.temperature",
+        "env.invalid_penalty",
+        "update.beta",
+        "solve.eps",
+        "update.grad_clip",
+    ],
+)
+def test_non_finite_numbers_are_refused(key, value):
+    with pytest.raises(GraftError, match=f"'{re.escape(key)}' = .* is invalid; numbers must be finite"):
+        load_config(None, [f"{key}={value}"])
+
+
+def test_non_finite_numbers_inside_option_tables_are_refused():
+    with pytest.raises(GraftError, match=r"'rollout.engine_options.gpu_memory_utilization' = inf"):
+        load_config(None, ["rollout.engine_options={ gpu_memory_utilization = inf }"])
+    with pytest.raises(GraftError, match=r"'env.options.weights\[1\]' = nan"):
+        load_config(None, ["env.options={ weights = [1.0, nan] }"])
+
+
+def _numeric_keys() -> list[str]:
+    hints = typing.get_type_hints(Config)
+    keys = []
+    for section in dataclasses.fields(Config):
+        section_hints = typing.get_type_hints(hints[section.name])
+        for item in dataclasses.fields(hints[section.name]):
+            if section_hints[item.name] in (int, float):
+                keys.append(f"{section.name}.{item.name}")
+    return keys
+
+
+def test_every_number_has_a_range_rule():
+    """A new int/float key must say its range in RANGES (the one place settings are checked)."""
+    missing = [key for key in _numeric_keys() if key not in RANGES]
+    assert not missing, missing
+    assert not set(RANGES) - set(_numeric_keys()) - {"run.name"}
+
+
+@given(key=st.sampled_from(sorted(RANGES)), value=st.floats(allow_nan=False, allow_infinity=False))
+def test_range_rules_accept_exactly_what_they_describe(key, value):
+    """Property: a value the rule accepts loads; one it refuses raises a GraftError naming the key."""
+    if key == "run.name":
+        return
+    ok, _ = RANGES[key]
+    default = dataclasses.asdict(Config())
+    section, name = key.split(".")
+    number = int(value) if isinstance(default[section][name], int) and abs(value) < 2**62 else value
+    if isinstance(default[section][name], int) and not isinstance(number, int):
+        return
+    literal = repr(number)
+    if ok(number):
+        assert getattr(getattr(load_config(None, [f"{key}={literal}"]), section), name) == number
+    else:
+        with pytest.raises(GraftError, match=f"'{re.escape(key)}' = "):
+            load_config(None, [f"{key}={literal}"])
+
+
+def test_a_config_file_that_is_not_utf8_is_one_error(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[run]\nname = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(GraftError, match=r"latin1.toml: not UTF-8 text \(byte 17\)"):
+        load_config(path)
 
 
 def test_bad_override_syntax_and_files(tmp_path):
@@ -132,3 +224,13 @@ def test_every_section_has_defaults_for_every_field():
             assert f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING, (
                 f"{section.name}.{f.name} has no default"
             )
+
+
+@given(text=st.text(max_size=30))
+def test_any_string_setting_round_trips_through_the_saved_toml(text):
+    """config.toml stays parseable whatever a string holds (control characters are escaped)."""
+    config = Config()
+    config.env.data = text
+    config.model.path = text
+    config.env.options = {"note": text}
+    assert config_from_dict(tomllib.loads(config.to_toml())) == config

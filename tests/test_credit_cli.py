@@ -371,3 +371,19 @@ def test_file_mode_reads_each_input_once_and_matches_separate_stages(runner, tmp
     assert measured(chained, "graph")["task_type"].drop_nulls().unique().sort().to_list() == ["t0", "t1"]
     overall = pl.col("task_type").is_null()
     assert measured(chained, "solve").filter(overall).equals(measured(separate, "solve"))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_solve_refuses_values_that_overflow(runner, tmp_path):
+    """Rewards of 1e308 are finite, their sums are not: solve and advantage stop, nothing is written."""
+    steps = fig2_steps().with_columns(pl.lit(1e308).alias("reward"), pl.lit(1e308).alias("outcome"))
+    path = _write_plain(steps, tmp_path / "steps.parquet")
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["graph", str(path), "-o", str(out)]).exit_code == 0
+    result = runner.invoke(app, ["solve", str(out), "--set", "solve.gamma=0.9"])
+    assert result.exit_code == 2, result.output
+    assert "solve:" in result.stderr and "node value(s) are not finite" in result.stderr
+    assert "Traceback" not in result.output and not (out / "values.parquet").exists()
+    result = runner.invoke(app, ["advantage", str(path), "-o", str(out), "--set", "solve.gamma=0.9"])
+    assert result.exit_code == 2 and "not finite" in result.stderr
+    assert not (out / "advantages.parquet").exists()

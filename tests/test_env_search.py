@@ -161,6 +161,16 @@ def test_bad_data_is_a_clear_error(tmp_path):
     (tmp_path / "corpus.jsonl").write_text('{"id": "d1", "title": "T", "text": "t"}\nnot json\n')
     with pytest.raises(GraftError, match=r"corpus.jsonl:2: invalid JSON"):
         env_of(data=str(tmp_path))
+    (tmp_path / "corpus.jsonl").write_bytes(
+        b'{"id": "d1", "title": "T", "text": "t"}\n{"id": "d2", "title": "caf\xe9"}\n'
+    )
+    with pytest.raises(GraftError, match=r"corpus.jsonl:2: not UTF-8 text \(byte 26 of the line\)"):
+        env_of(data=str(tmp_path))
+    (tmp_path / "corpus.jsonl").write_text(
+        '{"id": "d1", "title": "The", "text": "it is a"}\n{"id": "d2", "title": "", "text": "of the"}\n'
+    )
+    with pytest.raises(GraftError, match=r"corpus.jsonl: no passage has a searchable word"):
+        env_of(data=str(tmp_path))
 
 
 def test_hotpotqa_retrieval_recall():

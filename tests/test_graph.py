@@ -235,3 +235,21 @@ def test_similarity_needs_a_model_directory(runner, tmp_path):
     args = ["graph", str(path), "-o", str(tmp_path / "o"), "--set", "graph.canonicalize=similarity"]
     result = runner.invoke(app, [*args, "--set", f"graph.embed_model={tmp_path / 'nope'}"])
     assert result.exit_code == 2 and "not a local model directory" in result.stderr
+
+
+def test_embed_model_loads_safetensors_only(runner, tmp_path):
+    """A .bin file, or a directory with only .bin weights, is one error saying only safetensors load."""
+    from graft_cli.app import app
+
+    path = tmp_path / "steps.parquet"
+    fig2_steps().write_parquet(path)
+    args = ["graph", str(path), "-o", str(tmp_path / "o"), "--set", "graph.canonicalize=similarity"]
+    weights = tmp_path / "model" / "pytorch_model.bin"
+    weights.parent.mkdir()
+    weights.write_bytes(b"\x80\x02not really a pickle")
+    (weights.parent / "config.json").write_text("{}")
+    for target in (weights, weights.parent):
+        result = runner.invoke(app, [*args, "--set", f"graph.embed_model='{target}'"])
+        assert result.exit_code == 2, result.output
+        assert "only safetensors load" in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "o" / "nodes.parquet").exists()

@@ -407,3 +407,48 @@ def test_chat_models_get_the_chat_template(model_dir) -> None:
             _fresh_logprobs(chat_engine.model, row["prompt_ids"], row["response_ids"]),
             atol=1e-4,
         )
+
+
+def test_environment_exceptions_outside_step_are_errors_not_tracebacks(engine) -> None:
+    """Bad data from the environment outside ``step()`` (its task list, its failure outcome, a
+    transition's numbers) truncates the episode with the error recorded, or is one GraftError."""
+    from stages.envs.base import environment_tasks
+
+    class BadTasks(CorridorEnv):
+        def tasks(self, split, count, seed):
+            raise KeyError("goal")
+
+    with pytest.raises(
+        GraftError, match=r"environment 'corridor': cannot list 3 train tasks \(KeyError: 'goal'\)"
+    ):
+        environment_tasks(BadTasks(), "train", 3, 0)
+
+    class BadOutcome(CorridorEnv):
+        def failure_outcome(self, score):
+            raise ZeroDivisionError("score table is empty")
+
+    steps = _collect(engine, BadOutcome(max_turns=2), tasks=1, group_size=2, seed=3)
+    validate_steps(steps)
+    last = steps.filter(pl.col("done") & (pl.col("outcome") != 10.0))
+    assert last.height >= 1
+    assert (last["error"] == "failure_outcome: ZeroDivisionError: score table is empty").all()
+    assert last["truncated"].all() and (last["outcome"] == 0.0).all()
+
+    class BadReward(CorridorEnv):
+        def new_game(self):
+            game = super().new_game()
+            step = game.step
+
+            def nan_reward(action):
+                result = step(action)
+                result.reward = float("nan")
+                return result
+
+            game.step = nan_reward
+            return game
+
+    steps = _collect(engine, BadReward(max_turns=3), tasks=1, group_size=2, seed=3)
+    validate_steps(steps)
+    errors = steps.filter(pl.col("error").is_not_null())
+    assert errors.height >= 1 and errors["truncated"].all() and errors["reward"].is_finite().all()
+    assert errors["error"][0] == "ValueError: transition reward = nan is not a finite number"

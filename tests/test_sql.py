@@ -5,8 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import duckdb
 import polars as pl
 import pytest
 
@@ -14,7 +20,7 @@ from graft_cli.app import app
 from schemas import TABLES, write_table
 from schemas.errors import GraftError
 from schemas.rundir import Run
-from stages.sql import run_query
+from stages.sql import check_read_only, connect, private_temp_dir, run_query
 from stages.synth import synth_steps
 
 
@@ -187,3 +193,111 @@ def test_a_synth_directory_can_be_queried(runner, tmp_path):
     )
     n = run_query(out, "SELECT count(*) FROM steps").item()
     assert joined.rows() == [(n, n)]
+
+
+# --- sandbox hardening (issue 12) ---------------------------------------------------------------
+
+
+def test_a_tmp_symlink_in_the_run_opens_no_way_out(runner, two_iter_run, monkeypatch):
+    """DuckDB allows its temp directory (default <cwd>/.tmp); a run shipping `.tmp -> /` is refused."""
+    run, _ = two_iter_run
+    (run.root / ".tmp").symlink_to("/")
+    monkeypatch.chdir(run.root)
+    result = runner.invoke(app, ["sql", ".", "SELECT content FROM read_text('/etc/passwd')"])
+    assert result.exit_code == 2, result.output
+    assert "root:" not in result.stdout
+    assert result.stderr.startswith("error: ") and "outside the run" in result.stderr
+
+
+def test_a_tmp_symlink_in_the_working_directory_opens_no_way_out(runner, two_iter_run, tmp_path, monkeypatch):
+    """The temp directory is set before the lock, so <cwd>/.tmp is never an allowed directory."""
+    run, _ = two_iter_run
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".tmp").symlink_to("/")
+    monkeypatch.chdir(work)
+    for path in ("/etc/passwd", ".tmp/etc/passwd"):
+        result = runner.invoke(app, ["sql", str(run.root), f"SELECT content FROM read_text('{path}')"])
+        assert result.exit_code == 2, result.output
+        assert "root:" not in result.stdout and "Permission Error" in result.stderr
+
+
+def test_symlinks_out_of_the_run_are_refused(two_iter_run, tmp_path):
+    run, _ = two_iter_run
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (run.iter_dir(0) / "data").symlink_to(outside)
+    with pytest.raises(GraftError, match=r"data: symlink to .*elsewhere, outside the run"):
+        run_query(run.root, "SELECT 1")
+    (run.iter_dir(0) / "data").unlink()
+    (run.iter_dir(0) / "alias.parquet").symlink_to(run.table_path(0, "steps"))  # inside: fine
+    assert run_query(run.root, "SELECT 1 AS one").item() == 1
+
+
+SPILLING_QUERY = "SELECT count(DISTINCT s) FROM (SELECT range::VARCHAR || 'x' AS s FROM range(2000000))"
+
+
+def test_a_query_that_spills_works_and_writes_nothing_into_the_run(two_iter_run, monkeypatch):
+    run, _ = two_iter_run
+    monkeypatch.chdir(run.root)
+    before = sorted(p.relative_to(run.root) for p in run.root.rglob("*"))
+    # the same memory limit without a temp directory runs out of memory: the query must spill
+    with pytest.raises(GraftError, match="(?i)out of memory"):
+        check_read_only(SPILLING_QUERY)
+        with private_temp_dir():
+            con, _ = connect(run.root, temp_dir=None, memory_limit="24MB")
+            try:
+                con.sql(SPILLING_QUERY).fetchall()
+            except duckdb.Error as exc:
+                raise GraftError(str(exc)) from None
+            finally:
+                con.close()
+    assert run_query(run.root, SPILLING_QUERY, memory_limit="24MB").item() == 2_000_000
+    assert sorted(p.relative_to(run.root) for p in run.root.rglob("*")) == before
+
+
+def test_sql_timeout_stops_a_runaway_query(runner, two_iter_run):
+    run, _ = two_iter_run
+    query = "SELECT count(*) FROM range(1000000000000)"
+    result = runner.invoke(app, ["sql", str(run.root), query, "--timeout", "0.5"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == "error: sql: query stopped after --timeout 0.5 s"
+    assert _error_line(runner, ["sql", str(run.root), "SELECT 1", "--timeout", "0"]).endswith("got 0.0")
+
+
+def test_ctrl_c_ends_sql_with_exit_130_and_no_traceback(two_iter_run, tmp_path):
+    run, _ = two_iter_run
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(Path(__file__).parents[1])}
+    query = "SELECT count(*) FROM range(1000000000000)"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "graft_cli", "sql", str(run.root), query],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a shell's background jobs ignore SIGINT and children inherit that: restore the default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        while not any(temp.glob("graft-sql-*")) and proc.poll() is None:  # the query is starting
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip() == "error: interrupted"
+    assert not any(temp.glob("graft-sql-*"))  # the private temp directory is removed
+
+
+def test_table_output_prints_cells_literally(runner, two_iter_run):
+    run, _ = two_iter_run
+    query = "SELECT '[bold]x[/bold] :x: ' || chr(27) || '[31mred' || chr(10) || 'next' AS \"[i]c\""
+    result = runner.invoke(app, ["sql", str(run.root), query])
+    assert result.exit_code == 0, result.output
+    assert "[bold]x[/bold] :x:" in result.stdout and "[i]c" in result.stdout
+    assert "\\x1b[31mred\\nnext" in result.stdout
+    assert "\x1b" not in result.stdout and "\u274c" not in result.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -479,3 +480,42 @@ def test_cli_update_writes_checkpoint_and_table(tmp_path):
     assert "update iter 0:" in result.output
     assert run.stage_complete("update", 0)
     assert _table(run)[(-1, -1, "steps")] == 3
+
+
+@pytest.mark.parametrize("lr", [float("inf"), 1e38])
+def test_an_absurd_lr_stops_with_an_error_and_writes_no_checkpoint(tmp_path, lr):
+    """UpdateConfig built directly skips the config checks: the trainer itself refuses NaN weights."""
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path, "choose", lr=lr)
+    with pytest.raises(
+        GraftError, match=r"update: (non-finite loss|the weights became non-finite|optimizer step overflowed)"
+    ):
+        run_update(run, 0, config)
+    assert not run.checkpoint_dir(0).exists() and not run.stage_complete("update", 0)
+
+
+def test_a_non_finite_loss_stops_before_the_optimizer_step(tmp_path):
+    """Advantages of 1e300 overflow float32: the loss is -inf, so no step is taken and nothing written."""
+    from graft_cli.app import app
+
+    run, _ = make_run(tmp_path, "generate", epochs=1)
+    adv = run.read(0, "advantages").with_columns(pl.lit(1e300).alias("advantage"))
+    write_table(adv, "advantages", run.table_path(0, "advantages"))
+    result = CliRunner().invoke(app, ["update", str(run.root), "--iter", "0"])
+    assert result.exit_code == 2, result.output
+    assert (
+        "non-finite loss (-inf) or gradient norm (nan)" in result.stderr
+        and "epoch 0, minibatch 0" in result.stderr
+    )
+    assert "Traceback" not in result.output
+    assert not run.checkpoint_dir(0).exists()
+
+
+def test_check_finite_step_passes_finite_values():
+    from stages.update.trainer import check_finite_step
+
+    check_finite_step(0, 0, 1.5, 0.0)
+    for loss, norm in ((math.nan, 1.0), (1.0, math.inf), (-math.inf, 0.0)):
+        with pytest.raises(GraftError, match="non-finite"):
+            check_finite_step(1, 2, loss, norm)

@@ -147,12 +147,14 @@ def graph(
     force: bool = _FORCE_OPTION,
 ) -> None:
     """Build the trajectory graphs: steps -> nodes.parquet, edges.parquet."""
+    from schemas.rundir import run_lock
     from stages.credit import graph_files, run_graph
 
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "graph")
-        _guard(run, "graph", iteration, force)  # type: ignore[arg-type]
-        run_graph(run, iteration, config)  # type: ignore[arg-type]
+        with run_lock(run.root):  # type: ignore[union-attr]
+            _guard(run, "graph", iteration, force)  # type: ignore[arg-type]
+            run_graph(run, iteration, config)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
         steps = _steps_file(target, "graph")
@@ -171,12 +173,14 @@ def solve(
     force: bool = _FORCE_OPTION,
 ) -> None:
     """Bellman values on the graphs: nodes, edges -> values.parquet."""
+    from schemas.rundir import run_lock
     from stages.credit import run_solve, solve_files
 
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "solve")
-        _guard(run, "solve", iteration, force)  # type: ignore[arg-type]
-        run_solve(run, iteration, config)  # type: ignore[arg-type]
+        with run_lock(run.root):  # type: ignore[union-attr]
+            _guard(run, "solve", iteration, force)  # type: ignore[arg-type]
+            run_solve(run, iteration, config)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
         if not target.is_dir():
@@ -204,6 +208,7 @@ def advantage(
 
     Stale: built from another steps file or another graph/solve config.
     """
+    from schemas.rundir import run_lock
     from stages.advantage.registry import get_estimator
     from stages.credit import (
         Held,
@@ -223,14 +228,15 @@ def advantage(
         keys = {o.split("=", 1)[0].strip() for o in overrides}
         new_graph = any(k.startswith("graph.") for k in keys)
         new_values = new_graph or any(k.startswith("solve.") for k in keys)
-        redo_graph = new_graph or not run.stage_complete("graph", it)
-        redo_solve = redo_graph or new_values or not run.stage_complete("solve", it)
-        _guard(run, "graph" if redo_graph else "solve" if redo_solve else "advantage", it, force)
-        if redo_graph:
-            run_graph(run, it, config)
-        if redo_solve:
-            run_solve(run, it, config)
-        run_advantage(run, it, config)
+        with run_lock(run.root):
+            redo_graph = new_graph or not run.stage_complete("graph", it)
+            redo_solve = redo_graph or new_values or not run.stage_complete("solve", it)
+            _guard(run, "graph" if redo_graph else "solve" if redo_solve else "advantage", it, force)
+            if redo_graph:
+                run_graph(run, it, config)
+            if redo_solve:
+                run_solve(run, it, config)
+            run_advantage(run, it, config)
         folder = run.iter_dir(it)
     else:
         steps = _steps_file(target, "advantage")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,28 +97,42 @@ def sql(
     run: Path = typer.Argument(..., help="Run directory."),
     query: str = typer.Argument(..., help='One SELECT/WITH query over steps, nodes, edges, "values", ...'),
     fmt: str = typer.Option("table", "--format", help="Output format: table | csv | json."),
+    timeout: float = typer.Option(
+        None, "--timeout", help="Stop the query after this many seconds (default: no limit)."
+    ),
 ) -> None:
     """Query every table of a run with DuckDB (read-only; one view per table, all iterations)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from stages.sql import run_query
 
     if fmt not in ("table", "csv", "json"):
         raise GraftError(f"--format '{fmt}': expected table, csv or json")
-    result = run_query(run, query)
+    result = run_query(run, query, timeout=timeout)
     if fmt == "csv":
         sys.stdout.write(_nested_to_text(result).write_csv())
     elif fmt == "json":
         sys.stdout.write(result.write_json() + "\n")
     else:
+        # cells are data, not markup: Text() keeps "[b]" and ":x:" literal; control characters are
+        # shown escaped so that no cell can send ESC sequences to the terminal
         out = Table(show_lines=False)
         for name, dtype in result.schema.items():
-            out.add_column(name, justify="right" if dtype.is_numeric() else "left")
+            out.add_column(Text(literal_cell(name)), justify="right" if dtype.is_numeric() else "left")
         for row in _nested_to_text(result).iter_rows():
-            out.add_row(*("null" if v is None else str(v) for v in row))
+            out.add_row(*(Text("null" if v is None else literal_cell(str(v))) for v in row))
         Console(width=max(Console().width, 110)).print(out)
         typer.echo(f"{result.height} row(s)")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def literal_cell(text: str) -> str:
+    """``text`` with every control character written as an escape (``\\n``, ``\\x1b``, ...)."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _nested_to_text(frame: pl.DataFrame) -> pl.DataFrame:

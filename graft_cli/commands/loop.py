@@ -14,17 +14,9 @@ if TYPE_CHECKING:  # schemas.rundir imports polars: loaded when a command runs, 
     from schemas.rundir import Run
 
 
-def resolve_loop_run(
-    config_path: str | None, run_dir: str | None, overrides: list[str], iters: int | None, force: bool
-) -> tuple[Run, Config, int]:
-    """Create or reopen the run of ``graft loop``; return it, its config and the iteration target.
-
-    ``run.iters`` is the loop's stopping point, not part of what an iteration computes, so it never
-    counts as a config change: ``--iters`` (or an edited ``run.iters``) extends or shortens a run
-    without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention
-    and ``[log]`` are treated the same way.
-    """
-    from schemas.rundir import atomic_write_text, create_run, open_run
+def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]) -> tuple[Path, Config]:
+    """The run directory of a ``graft loop`` call and its validated config; reads, writes nothing."""
+    from schemas.rundir import open_run
 
     if config_path is None and run_dir is None:
         raise GraftError("graft loop: give --config FILE (new run) or --run DIR (resume)")
@@ -32,25 +24,45 @@ def resolve_loop_run(
         config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
     else:
         config = load_config(config_path, overrides)
+    root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
+    return root, config
+
+
+def resolve_loop_run(
+    config_path: str | None, run_dir: str | None, overrides: list[str], iters: int | None, force: bool
+) -> tuple[Run, Config, int]:
+    """Create or reopen the run of ``graft loop``; return it, its config and the iteration target.
+
+    Everything is checked before the run directory is touched, and the run's lock is taken before
+    config.toml is compared or written (the caller holds it on through the loop): a second loop that
+    is refused leaves the running one's config byte-identical.
+
+    ``run.iters`` is the loop's stopping point, not part of what an iteration computes, so it never
+    counts as a config change: ``--iters`` (or an edited ``run.iters``) extends or shortens a run
+    without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention
+    and ``[log]`` are treated the same way.
+    """
+    from schemas.rundir import atomic_write_text, create_run, run_lock
     from stages.live_log import require_backend
 
+    root, config = loop_root(config_path, run_dir, overrides)
     require_backend(config)  # before the run directory exists
     target = iters if iters is not None else config.run.iters
     if target < 0:
         raise GraftError(f"--iters {target}: must be >= 0")
-    root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
-    saved_path = root / "config.toml"
-    bookkeeping = (config.checkpoint, config.log)
-    if saved_path.is_file():
-        saved = load_config(saved_path)
-        # compare everything but what never changes an iteration's tables: the stopping point,
-        # checkpoint retention and live logging
-        config.run.iters, config.checkpoint, config.log = saved.run.iters, saved.checkpoint, saved.log
-    run = create_run(root, config, force=force)
-    if (config.run.iters, config.checkpoint, config.log) != (target, *bookkeeping):
-        config.run.iters = target
-        config.checkpoint, config.log = bookkeeping
-        atomic_write_text(run.config_path, config.to_toml())
+    with run_lock(root):
+        saved_path = root / "config.toml"
+        bookkeeping = (config.checkpoint, config.log)
+        if saved_path.is_file():
+            saved = load_config(saved_path)
+            # compare everything but what never changes an iteration's tables: the stopping point,
+            # checkpoint retention and live logging
+            config.run.iters, config.checkpoint, config.log = saved.run.iters, saved.checkpoint, saved.log
+        run = create_run(root, config, force=force)
+        if (config.run.iters, config.checkpoint, config.log) != (target, *bookkeeping):
+            config.run.iters = target
+            config.checkpoint, config.log = bookkeeping
+            atomic_write_text(run.config_path, config.to_toml())
     return run, config, target
 
 
@@ -63,7 +75,7 @@ def resolve_eval_target(
     ``iter_I/eval.parquet``; ``initial``: the initial policy -> ``<run>/eval.parquet`` (iter -1);
     another directory: that model -> ``<run>/eval_<dirname>.parquet`` (iter -1).
     """
-    from schemas.rundir import checkpoint_complete
+    from schemas.rundir import checkpoint_complete, verify_checkpoint
     from stages.evaluate import output_path, policy_dir
 
     if iteration is not None and iteration < -1:
@@ -79,7 +91,9 @@ def resolve_eval_target(
     if checkpoint == "initial" or iteration == -1:  # named "initial" as the loop's evaluation of it
         return -1, policy_dir(run, -1, config), "initial", output_path(run, -1)
     model_dir = Path(checkpoint)
-    if not checkpoint_complete(model_dir) and not (model_dir / "config.json").is_file():
+    if checkpoint_complete(model_dir):
+        verify_checkpoint(model_dir)
+    elif not (model_dir / "config.json").is_file():
         raise GraftError(f"{model_dir}: not a checkpoint or model directory")
     name = model_dir.resolve().name
     return -1, model_dir, name, run.root / f"eval_{name}.parquet"
@@ -97,6 +111,8 @@ def _print_iteration(console, run: Run, result, config: Config) -> None:  # type
         "update": "upd",
         "eval": "eval",
     }
+    for stage, damage in result.redone.items():
+        console.print(f"iter {result.iteration}: redid {stage}: {damage[0]}", highlight=False, markup=False)
     times = " ".join(f"{short.get(s, s)} {v:.1f}s" for s, v in result.seconds.items())
     parts = [f"[bold]iter {result.iteration:4d}[/bold]"]
     parts.append(f"success {summary.get('success_rate', float('nan')):.3f}")
@@ -128,18 +144,23 @@ def register(app: typer.Typer) -> None:
         """Run rollout → graph → solve → advantage → update per iteration; resumes where it stopped."""
         from rich.console import Console
 
+        from schemas.rundir import run_lock
         from stages.loop import run_loop
 
         console = Console(stderr=False)
-        run, cfg, target = resolve_loop_run(config, run_dir, list(overrides), iters, force)
-        console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False)
-        results = run_loop(run, cfg, target, on_iteration=lambda r: _print_iteration(console, run, r, cfg))
-        if not results:
-            console.print(f"nothing to do: iterations 0..{target - 1} are finished", highlight=False)
-            return
-        from stages.report import success_summary, write_report
+        root, _ = loop_root(config, run_dir, list(overrides))  # checks the config before any write
+        with run_lock(root):
+            run, cfg, target = resolve_loop_run(config, run_dir, list(overrides), iters, force)
+            console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False)
+            results = run_loop(
+                run, cfg, target, on_iteration=lambda r: _print_iteration(console, run, r, cfg)
+            )
+            if not results:
+                console.print(f"nothing to do: iterations 0..{target - 1} are finished", highlight=False)
+                return
+            from stages.report import success_summary, write_report
 
-        png, markdown, *_ = write_report([run.root])
+            png, markdown, *_ = write_report([run.root])
         console.print(success_summary(run), highlight=False)
         console.print(
             f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)", highlight=False
@@ -157,16 +178,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
         from schemas import write_table
-        from schemas.rundir import open_run
+        from schemas.rundir import open_run, run_lock
         from stages.evaluate import evaluate_model
 
         run = open_run(run_dir)
         cfg = run.load_config(list(overrides))
-        it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
-        if out.is_file() and not force:  # nothing is computed from an evaluation: only it is replaced
-            raise GraftError(f"{out}: {name} is already evaluated; use --force to evaluate it again")
-        rows = evaluate_model(run, cfg, model_dir, it, name)
-        write_table(rows, "eval", out)
+        with run_lock(run.root):
+            it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
+            if out.is_file() and not force:  # nothing is computed from an evaluation: only it is replaced
+                raise GraftError(f"{out}: {name} is already evaluated; use --force to evaluate it again")
+            rows = evaluate_model(run, cfg, model_dir, it, name)
+            write_table(rows, "eval", out)
         overall = {
             r["name"]: r["value"] for r in rows.filter(rows["task_type"].is_null()).iter_rows(named=True)
         }

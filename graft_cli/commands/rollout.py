@@ -65,7 +65,7 @@ def rollout(
     """Play one iteration of rollouts and write steps.parquet (+ metrics_rollout.parquet)."""
     from schemas import write_table
     from schemas.config import load_config
-    from schemas.rundir import Run, guard_recompute, open_run, removed_summary
+    from schemas.rundir import Run, guard_recompute, open_run, removed_summary, run_lock
     from stages.rollout import parse_shard, rollout_iteration, run_rollout
 
     if iteration < 0:
@@ -82,19 +82,22 @@ def rollout(
         if merge:
             from stages.rollout import merge_rollout_shards
 
-            if not merge_rollout_shards(run, iteration, config, merge):
-                raise GraftError(
-                    f"{run.iter_dir(iteration)}: not all {merge} steps.shard-*-of-{merge} files exist yet"
-                )
+            with run_lock(run.root):
+                if not merge_rollout_shards(run, iteration, config, merge):
+                    raise GraftError(
+                        f"{run.iter_dir(iteration)}: not all {merge} steps.shard-*-of-{merge} files exist yet"
+                    )
             typer.echo(f"wrote {run.table_path(iteration, 'steps')}")
             return
-        if parts is None:  # a shard never replaces a finished steps table (it is skipped then)
-            removed = removed_summary(run, iteration, guard_recompute(run, "rollout", iteration, force))
-            if removed:
-                typer.echo(removed)
-        elif force:
+        if parts is not None and force:
             raise GraftError("rollout: --force replays a whole iteration; it does not combine with --shard")
-        path = run_rollout(run, iteration, config, shard=parts, progress=progress)
+        # shard workers write disjoint files side by side: a shared lock, which still excludes a loop
+        with run_lock(run.root, shared=parts is not None):
+            if parts is None:  # a shard never replaces a finished steps table (it is skipped then)
+                removed = removed_summary(run, iteration, guard_recompute(run, "rollout", iteration, force))
+                if removed:
+                    typer.echo(removed)
+            path = run_rollout(run, iteration, config, shard=parts, progress=progress)
         typer.echo(f"wrote {path}")
         return
     if out is None:

@@ -33,21 +33,22 @@ def register(app: typer.Typer) -> None:
         import polars as pl
 
         from schemas.errors import GraftError
-        from schemas.rundir import guard_recompute, open_run, removed_summary
+        from schemas.rundir import guard_recompute, open_run, removed_summary, run_lock
         from stages.update import run_update
 
         if iteration < 0:
             raise GraftError(f"--iter {iteration}: iterations are >= 0")
         run = open_run(run_dir)
         config = run.load_config(overrides)
-        main_rank = int(os.environ.get("RANK", "0")) == 0
-        if main_rank:  # under torchrun one process checks and removes; the others read nothing it removes
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock for all
+            run_update(run, iteration, config)
+            return
+        with run_lock(run.root):
+            # under torchrun one process checks and removes; the others read nothing it removes
             removed = removed_summary(run, iteration, guard_recompute(run, "update", iteration, force))
             if removed:
                 typer.echo(removed)
-        run_update(run, iteration, config)
-        if not main_rank:
-            return
+            run_update(run, iteration, config)
         summary = run.read(iteration, "update").filter(pl.col("epoch") == -1)
         values = dict(zip(summary["name"].to_list(), summary["value"].to_list(), strict=True))
         shown = ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "rows", "steps", "seconds")

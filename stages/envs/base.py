@@ -16,8 +16,11 @@ episode and records the error.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from schemas.errors import GraftError
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,32 @@ class StepRecord:
     error: str | None = None
 
 
+def _checked(result: Transition) -> Transition:
+    """A step's transition with numbers and texts of the right kind (environment data is checked here,
+    inside the step's error handling, so bad data truncates the episode instead of failing later)."""
+    numbers = {"reward": result.reward, "outcome": result.outcome, "score": result.score}
+    for name, value in numbers.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"transition {name} = {value!r} is not a finite number")
+    obs = result.observation
+    if not isinstance(obs.text, str) or not isinstance(obs.state_key, str):
+        raise TypeError("transition observation text and state_key must be strings")
+    return result
+
+
+def environment_tasks(env: Environment, split: str, count: int, seed: int) -> list[Task]:
+    """``env.tasks(...)``; an exception from the environment's data is one GraftError naming it."""
+    try:
+        return env.tasks(split, count, seed)
+    except GraftError:
+        raise
+    except Exception as exc:
+        name = getattr(env, "name", type(env).__name__)
+        raise GraftError(
+            f"environment '{name}': cannot list {count} {split} tasks ({type(exc).__name__}: {exc})"
+        ) from None
+
+
 class Episode:
     """One rollout: a game plus the shared rules (invalid actions, turn limit, errors)."""
 
@@ -123,7 +152,7 @@ class Episode:
         reward, terminated, error = 0.0, False, None
         if valid:
             try:
-                result = self.game.step(action)  # type: ignore[arg-type]
+                result = _checked(self.game.step(action))  # type: ignore[arg-type]
             except Exception as exc:  # an environment bug must not kill the whole rollout
                 error = f"{type(exc).__name__}: {exc}"
                 result = None
@@ -141,7 +170,12 @@ class Episode:
         truncated = error is not None or (not terminated and self.turn >= self.env.max_turns)
         self.done = terminated or truncated
         if self.done and not self.won:
-            self.outcome = self.env.failure_outcome(self.score)
+            try:
+                self.outcome = float(self.env.failure_outcome(self.score))
+            except Exception as exc:  # environment code outside step(): the same rule as a step error
+                error = error or f"failure_outcome: {type(exc).__name__}: {exc}"
+                self.outcome = 0.0
+                truncated = not terminated
         if error is not None:
             self.error = error
         self.history.append((before.text, action if action is not None else ""))

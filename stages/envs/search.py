@@ -62,8 +62,12 @@ def _read_jsonl(path: Path, keys: dict[str, type]) -> list[dict[str, Any]]:
             f"{path}: file not found (the search environment needs questions.jsonl and corpus.jsonl)"
         )
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise GraftError(f"{path}:{line_no}: not UTF-8 text (byte {exc.start} of the line)") from None
             if not line.strip():
                 continue
             try:
@@ -117,10 +121,13 @@ def _load(root: str, stamp: tuple[float, float]) -> SearchData:
                 f"{base / 'questions.jsonl'}: row {line_no}: 'answers' must be a non-empty list of strings"
             )
     texts = [f"{p['title']}. {p['text']}" for p in passages]
+    tokens = bm25s.tokenize(texts, stopwords="en", show_progress=False, return_ids=False)
+    if not any(tokens):  # BM25 cannot index an empty vocabulary
+        raise GraftError(
+            f"{base / 'corpus.jsonl'}: no passage has a searchable word (all empty or English stop-words)"
+        )
     retriever = bm25s.BM25()
-    retriever.index(
-        bm25s.tokenize(texts, stopwords="en", show_progress=False, return_ids=False), show_progress=False
-    )
+    retriever.index(tokens, show_progress=False)
     return SearchData(root, questions, passages, retriever)
 
 

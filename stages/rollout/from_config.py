@@ -8,7 +8,7 @@ from pathlib import Path
 from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run
-from stages.envs.base import Environment, Task
+from stages.envs.base import Environment, Task, environment_tasks
 from stages.policy.engine import EngineOptions, PolicyEngine
 from stages.policy.sampling import derive_rng
 
@@ -100,7 +100,7 @@ def policy_for_iteration(run: Run, iteration: int, config: Config) -> tuple[Path
 def iteration_groups(env: Environment, config: Config, iteration: int) -> list[tuple[int, Task]]:
     """The iteration's (group index, task) pairs: ``rollout.groups`` tasks drawn from the fixed ``train``
     set of ``env.train_tasks`` tasks (seeded by run seed), without replacement while they last."""
-    pool = env.tasks("train", config.env.train_tasks, config.run.seed)
+    pool = environment_tasks(env, "train", config.env.train_tasks, config.run.seed)
     if not pool:
         raise GraftError(f"environment '{config.env.name}' returned no train tasks")
     rng = derive_rng(config.run.seed, iteration, "rollout-tasks")

@@ -18,10 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from schemas.errors import GraftError
-from schemas.rundir import CHECKPOINT_MARKER, atomic_dir, atomic_write_text, commit_dir
+from schemas.rundir import (
+    CHECKPOINT_MARKER,
+    MARKER_FILES_KEY,
+    atomic_dir,
+    atomic_write_text,
+    commit_dir,
+    file_digests,
+)
 
 TRAINER_STATE_DIR = "trainer_state"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -47,7 +55,7 @@ def load_model(path: str | Path, trust_remote_code: bool = False) -> torch.nn.Mo
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, use_safetensors=True, trust_remote_code=trust_remote_code
         )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # missing, refused, truncated or damaged
         raise GraftError(f"{path}: cannot load the model ({str(exc).splitlines()[0]})") from None
     return model
 
@@ -151,6 +159,8 @@ def save_checkpoint(
             (tmp / TRAINER_STATE_DIR).mkdir()
             save_file(optimizer_state, str(tmp / TRAINER_STATE_DIR / OPTIMIZER_FILE))
             atomic_write_text(tmp / TRAINER_STATE_DIR / STATE_FILE, json.dumps(trainer_state or {}, indent=2))
+        # last: the marker, with the checksum of every file written before it
+        marker = {**marker, MARKER_FILES_KEY: file_digests(tmp)}
         atomic_write_text(tmp / CHECKPOINT_MARKER, json.dumps(marker, indent=2, sort_keys=True))
         commit_dir(tmp, final)
     except BaseException:

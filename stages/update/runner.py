@@ -87,7 +87,10 @@ def read_cached_reference(path: Path, rows: UpdateRows) -> list[np.ndarray] | No
     """Stored reference log-probs when they belong to exactly these rows, else None."""
     if not path.is_file():
         return None
-    table = read_table(path, REFLOGPROBS_FILE)
+    try:
+        table = read_table(path, REFLOGPROBS_FILE)
+    except GraftError:  # a damaged cache is recomputed, like a missing one
+        return None
     if table.height != rows.n or not table.select(KEYS).equals(rows.keys):
         return None
     out = [np.asarray(v, dtype=np.float32) for v in table["ref_logprobs"].to_list()]

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from schemas.config import UpdateConfig
+from schemas.errors import GraftError
 from stages.update.batching import MicroBatch, UpdateRows, minibatch_schedule, pack_microbatches, shard
 from stages.update.distributed import DistContext, accumulate, reshard
 from stages.update.logprobs import (
@@ -224,6 +225,16 @@ def _grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     return float(norm)
 
 
+def check_finite_step(epoch: int, minibatch: int, loss: float, grad_norm: float) -> None:
+    """Refuse an optimizer step whose loss or gradient norm is inf/NaN (it would poison the weights)."""
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise GraftError(
+            f"update: non-finite loss ({loss:g}) or gradient norm ({grad_norm:g}) at epoch {epoch}, "
+            f"minibatch {minibatch}; no checkpoint written (check update.lr, the advantages and the "
+            "log-probs of this iteration)"
+        )
+
+
 def train_policy(
     model: torch.nn.Module,
     rows: UpdateRows,
@@ -286,16 +297,24 @@ def train_policy(
             if terms.ratio.numel():
                 ratio_max = torch.maximum(ratio_max, terms.ratio.double().max().reshape(1))
         grad_norm = _grad_norm(model, cfg.grad_clip)
+        ctx.all_reduce(stats)
+        ctx.all_reduce(ratio_max, op="max")
+        policy_sum, kl_sum, units, clipped, ratio_sum, ent_sum, ent_n, tokens = stats.tolist()
+        # every rank sees the same reduced loss and global norm, so all stop together, before a step
+        # that would write NaN into the weights
+        check_finite_step(epoch, mb_index, (policy_sum + cfg.beta * kl_sum) / denom, grad_norm)
         lr = warmup_lr(cfg.lr, cfg.warmup_steps, result.global_step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        optimizer.step()
+        try:
+            optimizer.step()
+        except RuntimeError as exc:  # torch refuses a step size beyond float32 (an absurd lr)
+            if "overflow" not in str(exc):
+                raise
+            raise GraftError(f"update: optimizer step overflowed float32 (update.lr = {lr:g})") from None
         optimizer.zero_grad(set_to_none=True)
         result.global_step += 1
-        ctx.all_reduce(stats)
-        ctx.all_reduce(ratio_max, op="max")
         seconds = time.perf_counter() - t0
-        policy_sum, kl_sum, units, clipped, ratio_sum, ent_sum, ent_n, tokens = stats.tolist()
         metrics = {
             "loss": (policy_sum + cfg.beta * kl_sum) / denom,
             "policy_loss": policy_sum / denom,
@@ -316,6 +335,18 @@ def train_policy(
         result.train_tokens += int(tokens)
         if on_step is not None:
             on_step(epoch, mb_index, metrics)
+    # a finite loss and gradient can still take an inf/NaN step (an absurd lr): check the weights once
+    bad = torch.zeros(1, dtype=torch.float64, device=device)
+    for param in model.parameters():
+        local = param.to_local() if hasattr(param, "to_local") else param  # an FSDP2 shard
+        if not bool(torch.isfinite(local.detach()).all()):
+            bad += 1
+            break
+    if float(ctx.all_reduce(bad, op="max").item()) > 0:
+        raise GraftError(
+            f"update: the weights became non-finite after {result.global_step} optimizer step(s) "
+            f"(update.lr = {cfg.lr:g}); no checkpoint written"
+        )
     return result
 
 
