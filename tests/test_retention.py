@@ -28,7 +28,7 @@ def test_retained_checkpoints_hand_computed() -> None:
 
 @pytest.mark.parametrize("key", ["checkpoint.keep_last", "checkpoint.keep_every"])
 def test_negative_retention_is_refused(key: str) -> None:
-    with pytest.raises(GraftError, match=rf"{key} must be >= 0"):
+    with pytest.raises(GraftError, match=rf"'{key}' = -1 is invalid; must be >= 0"):
         load_config(None, [f"{key}=-1"])
 
 

@@ -24,6 +24,9 @@ def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]
         config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
     else:
         config = load_config(config_path, overrides)
+    from stages.live_log import require_backend
+
+    require_backend(config)  # a missing optional writer is refused before the run directory exists
     root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
     return root, config
 
@@ -43,10 +46,8 @@ def resolve_loop_run(
     and ``[log]`` are treated the same way.
     """
     from schemas.rundir import atomic_write_text, create_run, run_lock
-    from stages.live_log import require_backend
 
     root, config = loop_root(config_path, run_dir, overrides)
-    require_backend(config)  # before the run directory exists
     target = iters if iters is not None else config.run.iters
     if target < 0:
         raise GraftError(f"--iters {target}: must be >= 0")
