@@ -40,7 +40,7 @@ def play(
     task: int = typer.Option(0, "--task", help="Index of the task in the task set."),
     split: str = typer.Option("train", "--split", help="Task split: train | eval."),
     seed: int = typer.Option(0, "--seed", help="Task-set seed."),
-    config: Path = typer.Option(None, "--config", help="Run config (TOML) whose [env] section to use."),
+    config: Path = typer.Option(None, "--config", help="Run config (TOML) whose \\[env] section to use."),
     overrides: list[str] = typer.Option(
         [], "--set", help="Config override KEY=VALUE, e.g. --set env.options.receptacles=8 (repeatable)."
     ),

@@ -30,6 +30,9 @@ def resolve_loop_run(
     if target < 0:
         raise GraftError(f"--iters {target}: must be >= 0")
     root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
+    from stages.preflight import check_startable
+
+    check_startable(config)  # refuse what cannot start before anything is written
     saved_path = root / "config.toml"
     if saved_path.is_file():
         saved = load_config(saved_path)
@@ -94,6 +97,20 @@ def _print_iteration(console, run: Run, result, config: Config) -> None:  # type
     console.print("  ".join(parts), highlight=False, soft_wrap=True)
 
 
+def _print_initial_eval(console, run: Run, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    """The evaluation of the initial policy (iter -1), in the columns of the iteration lines."""
+    from schemas import read_table
+
+    rows = read_table(run.initial_eval_path, "eval")
+    overall = {r["name"]: r["value"] for r in rows.iter_rows(named=True) if r["task_type"] is None}
+    line = (
+        f"[bold]initial  [/bold] [cyan]eval {overall.get('success_rate', float('nan')):.3f}[/cyan]  "
+        f"return {overall.get('mean_return', float('nan')):7.3f}  "
+        f"turns {overall.get('mean_turns', float('nan')):5.2f}  [dim]| eval {seconds:.1f}s[/dim]"
+    )
+    console.print(line, highlight=False, soft_wrap=True)
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the graft app."""
 
@@ -118,17 +135,29 @@ def register(app: typer.Typer) -> None:
 
         console = Console(stderr=False)
         run, cfg, target = resolve_loop_run(config, run_dir, list(overrides), iters, force)
-        console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False)
-        results = run_loop(run, cfg, target, on_iteration=lambda r: _print_iteration(console, run, r, cfg))
+        # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
+        console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
+        results = run_loop(
+            run,
+            cfg,
+            target,
+            on_iteration=lambda r: _print_iteration(console, run, r, cfg),
+            on_initial_eval=lambda seconds: _print_initial_eval(console, run, seconds),
+        )
         if not results:
-            console.print(f"nothing to do: iterations 0..{target - 1} are finished", highlight=False)
+            console.print(
+                f"nothing to do: iterations 0..{target - 1} are finished", highlight=False, soft_wrap=True
+            )
             return
         from stages.report import success_summary, write_report
 
         png, markdown = write_report([run.root])
-        console.print(success_summary(run), highlight=False)
+        console.print(success_summary(run), highlight=False, soft_wrap=True)
         console.print(
-            f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)", highlight=False
+            f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
         )
 
     @app.command("eval")
