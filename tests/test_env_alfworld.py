@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
