@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from schemas.errors import GraftError
 
-# Tasks per split played to collect the tiny model's vocabulary; docs/rollout.md has the measurement.
+# Tasks per split played to collect the tiny model's vocabulary when the environment names no number
+# of its own (its ``vocab_tasks``); docs/rollout.md has the measurement.
 DEFAULT_TINY_VOCAB_TASKS = 8
 
 
@@ -54,8 +55,9 @@ class ModelConfig:
     tiny_hidden: int = 64
     tiny_layers: int = 2
     tiny_heads: int = 4
-    # tasks per split (train, eval) played to collect the tiny tokenizer's vocabulary
-    tiny_vocab_tasks: int = DEFAULT_TINY_VOCAB_TASKS
+    # tasks per split (train, eval) played to collect the tiny tokenizer's vocabulary; 0 = the
+    # environment's own default (household 150, others DEFAULT_TINY_VOCAB_TASKS)
+    tiny_vocab_tasks: int = 0
     trust_remote_code: bool = False
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto = float32 on CPU, bf16 on GPU
     prompt_format: Literal["auto", "raw", "chat"] = "auto"  # auto: raw for the tiny model, else chat template
@@ -282,7 +284,10 @@ def _check_ranges(config: Config, source: str) -> None:
         (config.env.max_turns >= 1, "env.max_turns must be >= 1"),
         (config.update.clip_low >= 0 and config.update.clip_high >= 0, "update.clip_* must be >= 0"),
         (config.update.lr >= 0, "update.lr must be >= 0"),
-        (config.model.tiny_vocab_tasks >= 1, "model.tiny_vocab_tasks must be >= 1"),
+        (
+            config.model.tiny_vocab_tasks >= 0,
+            "model.tiny_vocab_tasks must be >= 0 (0: the environment's default)",
+        ),
     ]
     for ok, message in checks:
         if not ok:

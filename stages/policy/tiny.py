@@ -3,8 +3,8 @@ environment's vocabulary (SPEC §6), saved as a Hugging Face directory without a
 
 The tokenizer is trained on texts the environment actually produces: observations, task texts and
 admissible actions seen while playing the scripted expert and a uniformly random admissible policy
-on ``tasks_per_split`` tasks (config ``model.tiny_vocab_tasks``, default 8) of each of the ``train``
-and ``eval`` splits, plus the prompt template rendered on those states (so every template word is one
+on ``tasks_per_split`` tasks (config ``model.tiny_vocab_tasks``; by default the environment's
+``vocab_tasks``, else 8) of each of the ``train`` and ``eval`` splits, plus the prompt template rendered on those states (so every template word is one
 token; ``tokenizer.vocabulary_misses`` lists the words of other texts that are not). Vocabulary collection uses fixed seeds: the
 tokenizer depends only on the environment and its options, the weights only on ``seed``.
 
@@ -126,6 +126,14 @@ def environment_texts(
                     episode.act(action)
 
 
+def vocab_tasks_for(env: Environment, requested: int = 0) -> int:
+    """Tasks per split played for the vocabulary: ``requested``, or when 0 the environment's own
+    ``vocab_tasks`` (household: 150), else ``DEFAULT_VOCAB_TASKS``."""
+    if requested < 0:
+        raise GraftError(f"tiny model: tasks per split for the vocabulary must be >= 0, got {requested}")
+    return requested if requested > 0 else int(getattr(env, "vocab_tasks", DEFAULT_VOCAB_TASKS))
+
+
 def vocabulary_progress(label: str) -> tuple[TaskHook, Callable[[], None]]:
     """(hook, closer): a rich progress bar with ETA on stderr when it is a terminal, else nothing."""
     if not sys.stderr.isatty():
@@ -164,20 +172,18 @@ def build_tiny_model(
     *,
     seed: int = 0,
     spec: TinySpec = TinySpec(),
-    tasks_per_split: int = DEFAULT_VOCAB_TASKS,
+    tasks_per_split: int = 0,
     prompt_fn: PromptFn | None = None,
     info: dict[str, Any] | None = None,
     on_task: TaskHook | None = None,
 ) -> Path:
     """Build the tiny model for ``env`` into directory ``out`` (atomically: complete or absent).
 
-    ``on_task`` follows the vocabulary collection (default: a progress bar on a terminal).
+    ``tasks_per_split``: see ``vocab_tasks_for`` (0 = the environment's default). ``on_task``
+    follows the vocabulary collection (default: a progress bar on a terminal).
     """
     spec.check()
-    if tasks_per_split < 1:
-        raise GraftError(
-            f"tiny model: tasks per split for the vocabulary must be >= 1, got {tasks_per_split}"
-        )
+    tasks_per_split = vocab_tasks_for(env, tasks_per_split)
     out = Path(out)
     close: Callable[[], None] = lambda: None  # noqa: E731
     if on_task is None:
