@@ -39,14 +39,14 @@ def test_the_knob_is_validated(value: str) -> None:
 
 
 def test_zero_means_the_environments_own_number() -> None:
-    household = make_env("household")
-    shop = make_env("shop")
+    household, shop, search = make_env("household"), make_env("shop"), make_env("search")
     assert load_config().model.tiny_vocab_tasks == 0
     assert vocab_tasks_for(household, 0) == household.vocab_tasks == 150
-    assert vocab_tasks_for(shop, 0) == DEFAULT_TINY_VOCAB_TASKS  # no vocab_tasks of its own
-    assert vocab_tasks_for(shop, 3) == 3
+    assert vocab_tasks_for(shop, 0) == shop.vocab_tasks == 32
+    assert vocab_tasks_for(search, 0) == DEFAULT_TINY_VOCAB_TASKS  # no vocab_tasks of its own
+    assert vocab_tasks_for(search, 3) == 3
     with pytest.raises(GraftError, match=">= 0"):
-        vocab_tasks_for(shop, -2)
+        vocab_tasks_for(search, -2)
 
 
 def test_the_model_plays_twice_the_knob_in_tasks_with_progress(tmp_path: Path) -> None:
@@ -69,9 +69,13 @@ def test_the_config_knob_reaches_the_tokenizer(tmp_path: Path) -> None:
     assert _vocab(tmp_path / "m") == expected.backend_tokenizer.get_vocab(with_added_tokens=False)
 
 
-@pytest.mark.parametrize("sets", [[], ["env.options={}"]], ids=["quickstart", "household-default"])
-def test_default_vocabulary_covers_held_out_household_tasks(sets: list[str]) -> None:
-    config = load_config(CONFIGS / "quickstart.toml", sets)
+@pytest.mark.parametrize(
+    ("config_file", "sets"),
+    [("quickstart.toml", []), ("quickstart.toml", ["env.options={}"]), ("cpu/shop.toml", [])],
+    ids=["quickstart", "household-default", "shop"],
+)
+def test_default_vocabulary_covers_held_out_tasks(config_file: str, sets: list[str]) -> None:
+    config = load_config(CONFIGS / config_file, sets)
     env = make_environment(config)
     held_out = list(dict.fromkeys(environment_texts(env, tasks_per_split=16, seed=HELD_OUT_SEED)))
     full = build_word_tokenizer(
@@ -79,7 +83,7 @@ def test_default_vocabulary_covers_held_out_household_tasks(sets: list[str]) -> 
     )
     assert vocabulary_misses(full, held_out) == set()
     few = build_word_tokenizer(list(dict.fromkeys(environment_texts(env, tasks_per_split=1))))
-    assert vocabulary_misses(few, held_out)  # the check can fail: one task misses object names
+    assert vocabulary_misses(few, held_out)  # the check can fail: one task misses words
 
 
 def _small():

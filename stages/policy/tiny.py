@@ -1,5 +1,6 @@
-"""The tiny policy: a small random-init Qwen2-style causal LM plus a word-level tokenizer built from an
-environment's vocabulary (SPEC §6), saved as a Hugging Face directory without any download.
+"""The tiny policy: a small random-init Qwen2-style causal LM plus a byte-level BPE tokenizer (one
+token per word it saw) trained on an environment's texts (SPEC §6), saved as a Hugging Face directory
+without any download.
 
 The tokenizer is trained on texts the environment actually produces: observations, task texts and
 admissible actions seen while playing the scripted expert and a uniformly random admissible policy

@@ -1,4 +1,4 @@
-"""Word-level tokenizer for the tiny policy, trained with the ``tokenizers`` library.
+"""The tiny policy's tokenizer: a byte-level BPE (one token per word it saw), trained with ``tokenizers``.
 
 The tokenizer is a byte-level BPE with Qwen2's normalizer (NFC), pre-tokenizer (Qwen2's split regex
 followed by ``ByteLevel``) and decoder, trained with an unbounded vocabulary on the environment's
