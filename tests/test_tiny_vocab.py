@@ -114,3 +114,19 @@ def test_a_second_textworld_build_reuses_the_generated_games(tmp_path: Path, mon
     build_tiny_model(tmp_path / "b", env, tasks_per_split=1, spec=_small())
     assert len(generated) == first  # nothing generated again
     assert _vocab(tmp_path / "a") == _vocab(tmp_path / "b")
+
+
+def test_textworld_grammar_phrases_join_the_vocabulary() -> None:
+    if importlib.util.find_spec("textworld") is None:
+        pytest.skip("the textworld package is not installed (pip install -e '.[envs]')")
+    from stages.envs.textworld_env import grammar_phrases
+
+    phrases = grammar_phrases()
+    # house_instruction.twg: "make_syn_u:Make sure;Assure;Make it so;Doublecheck;..." (symbols removed)
+    assert {"Doublecheck", " Doublecheck", "Make it so", " make it so"} <= set(phrases)
+    assert not any("#" in p for p in phrases)
+    env = make_env("textworld", max_turns=3)
+    texts = environment_texts(env, tasks_per_split=1)
+    assert [next(texts) for _ in range(3)] == phrases[:3]  # offered before any game is played
+    tokenizer = build_word_tokenizer(phrases)
+    assert vocabulary_misses(tokenizer, ["Doublecheck it. Assure that, make it so"]) == set()

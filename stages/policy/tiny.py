@@ -82,11 +82,14 @@ def environment_texts(
     Per task two episodes are played: the scripted expert (falling back to a random admissible
     action when it has none) and a uniformly random admissible policy. ``seed`` picks the task sets
     (``VOCAB_SEED`` for the tokenizer; another seed gives held-out tasks to check it against);
-    ``on_task(done, total)`` is called after each of the 2 x ``tasks_per_split`` tasks.
+    ``on_task(done, total)`` is called after each of the 2 x ``tasks_per_split`` tasks. An environment
+    with a ``vocabulary_texts()`` method contributes those texts first.
     """
     prompt_fn = prompt_fn or default_prompt_fn()
     rng = random.Random(seed)
     seen: set[str] = set()
+    # words an environment can show beyond what a few tasks do (textworld: its text grammars)
+    yield from getattr(env, "vocabulary_texts", list)()
     total = 2 * tasks_per_split
     done = 0
     for split in ("train", "eval"):
