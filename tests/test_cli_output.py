@@ -52,6 +52,8 @@ def test_loop_prints_the_initial_eval_and_unwrapped_paths(tmp_path: Path, monkey
     result = CliRunner().invoke(app, ["loop", "--config", str(config), "--run", str(deep), "--iters", "2"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
+    # the default household world plays its own number of tasks (150) for the tiny vocabulary
+    assert "building the tiny model: playing 150 train + 150 eval household tasks" in lines[1]
     initial = next(i for i, line in enumerate(lines) if line.startswith("initial"))
     first = next(i for i, line in enumerate(lines) if line.startswith("iter    0"))
     assert initial < first  # printed before the first iteration, as it happens
@@ -68,8 +70,11 @@ def test_loop_does_not_print_an_initial_eval_it_did_not_run(tmp_path: Path, monk
     config.write_text('[run]\nname = "x"\neval_every = 1\n')
     args = ["loop", "--config", str(config), "--run", str(tmp_path / "r")]
     assert CliRunner().invoke(app, [*args, "--iters", "1"]).exit_code == 0
+    (tmp_path / "r" / "model").mkdir()
+    (tmp_path / "r" / "model" / "config.json").write_text("{}")  # as if the tiny model were built
     again = CliRunner().invoke(app, [*args, "--iters", "2"])  # resumes: the initial eval exists
     assert again.exit_code == 0 and "initial" not in again.output and "iter    1" in again.output
+    assert "building the tiny model" not in again.output
 
 
 @pytest.mark.parametrize(

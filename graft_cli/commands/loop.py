@@ -137,6 +137,17 @@ def register(app: typer.Typer) -> None:
         run, cfg, target = resolve_loop_run(config, run_dir, list(overrides), iters, force)
         # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
         console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
+        if not cfg.model.path and not (run.initial_model_dir / "config.json").is_file():
+            from stages.policy.tiny import vocab_tasks_for
+            from stages.rollout import make_environment
+
+            n = vocab_tasks_for(make_environment(cfg), cfg.model.tiny_vocab_tasks)
+            console.print(
+                f"building the tiny model: playing {n} train + {n} eval {cfg.env.name} tasks for its "
+                "vocabulary (model.tiny_vocab_tasks)",
+                highlight=False,
+                soft_wrap=True,
+            )
         results = run_loop(
             run,
             cfg,
