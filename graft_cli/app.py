@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
-from schemas.errors import GraftError
+from schemas.errors import GraftError, GraftWarning
 
 COMMAND_MODULES = ("foundation", "credit", "envs", "warmstart", "rollout", "update", "loop")
 
@@ -48,6 +49,16 @@ class _GraftGroup(TyperGroup):
         return list(self.commands)
 
 
+_display_type_rich = TyperOption.display_type_rich
+
+
+def _option_type_label(self: TyperOption, ctx: click.Context) -> str | None:
+    """No value label for flags: typer shows ``<bool>`` after ``--force`` as if it took a value."""
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+TyperOption.display_type_rich = _option_type_label  # type: ignore[method-assign]
+
 app = typer.Typer(
     cls=_GraftGroup,
     help="graft: train LLM agents with RL and GRAFT step-level credit assignment.",
@@ -71,6 +82,18 @@ for _name in COMMAND_MODULES:
     importlib.import_module(f"graft_cli.commands.{_name}").register(app)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+    """GraftWarnings as one ``warning: ...`` line on stderr; other warnings as Python prints them."""
+    if issubclass(category, GraftWarning):
+        print(f"warning: {message}", file=sys.stderr if file is None else file)
+        return
+    _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main() -> None:
     """Console entry point."""
+    warnings.showwarning = _show_warning
     sys.exit(app())

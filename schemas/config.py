@@ -20,6 +20,10 @@ from typing import Any, Literal
 
 from schemas.errors import GraftError
 
+# Tasks per split played to collect the tiny model's vocabulary when the environment names no number
+# of its own (its ``vocab_tasks``); docs/rollout.md has the measurement.
+DEFAULT_TINY_VOCAB_TASKS = 8
+
 
 @dataclass
 class RunConfig:
@@ -54,6 +58,9 @@ class ModelConfig:
     tiny_hidden: int = 64
     tiny_layers: int = 2
     tiny_heads: int = 4
+    # tasks per split (train, eval) played to collect the tiny tokenizer's vocabulary; 0 = the
+    # environment's own default (household 150, others DEFAULT_TINY_VOCAB_TASKS)
+    tiny_vocab_tasks: int = 0
     trust_remote_code: bool = False
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto = float32 on CPU, bf16 on GPU
     prompt_format: Literal["auto", "raw", "chat"] = "auto"  # auto: raw for the tiny model, else chat template
@@ -376,6 +383,7 @@ RANGES: dict[str, Rule] = {
     "model.tiny_hidden": _at_least(1),
     "model.tiny_layers": _at_least(1),
     "model.tiny_heads": _at_least(1),
+    "model.tiny_vocab_tasks": _at_least(0),  # 0 = the environment's default
     "rollout.groups": _at_least(1),
     "rollout.group_size": _at_least(1),
     "rollout.temperature": _at_least(0),  # 0 = greedy

@@ -12,3 +12,7 @@ class GraftError(Exception):
     """An error caused by user input; its message is the one line the user sees."""
 
     exit_code = 2
+
+
+class GraftWarning(UserWarning):
+    """Something the user should know that does not stop the run (the CLI prints ``warning: ...``)."""

@@ -452,7 +452,14 @@ def atomic_dir(final: Path) -> Path:
 
 
 def commit_dir(tmp: Path, final: Path) -> None:
-    """Move a filled temporary directory into place (replacing an incomplete ``final``)."""
+    """Move a filled temporary directory into place (replacing an incomplete ``final``).
+
+    Files inside get the ordinary umask permissions first: libraries write some through their own
+    temporary files (transformers' ``model.safetensors`` arrives 0600), and a checkpoint should be
+    readable like any other output."""
+    for path in tmp.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            publish_mode(path)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

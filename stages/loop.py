@@ -161,17 +161,21 @@ def run_loop(
     runners: dict[str, StageRunner] | None = None,
     on_iteration: Callable[[IterationResult], None] | None = None,
     prepare: Callable[[Run, Config], None] | None = None,
+    on_initial_eval: Callable[[float], None] | None = None,
 ) -> list[IterationResult]:
     """Run iterations 0..iters-1 of ``run``, skipping finished ones and finished stages.
 
     ``runners`` (default ``STAGE_RUNNERS``) maps each stage to its function; tests pass fakes or
     wrappers. ``prepare`` (default ``ensure_initial_model``) builds the initial model.
-    ``on_iteration`` is called after each iteration (the CLI prints its line there).
+    ``on_iteration`` is called after each iteration (the CLI prints its line there), and
+    ``on_initial_eval`` with its seconds after the initial policy was evaluated in this call.
     """
     with run_lock(run.root):
         logger = open_logger(run, config)
         try:
-            return _run_loop_locked(run, config, iters, runners, on_iteration, prepare, logger)
+            return _run_loop_locked(
+                run, config, iters, runners, on_iteration, prepare, logger, on_initial_eval
+            )
         finally:
             if logger is not None:
                 logger.close()
@@ -185,6 +189,7 @@ def _run_loop_locked(
     on_iteration: Callable[[IterationResult], None] | None,
     prepare: Callable[[Run, Config], None] | None,
     logger: TensorBoardLogger | None = None,
+    on_initial_eval: Callable[[float], None] | None = None,
 ) -> list[IterationResult]:
     runners = runners if runners is not None else STAGE_RUNNERS
     remove_stale_temporaries(run)
@@ -192,9 +197,12 @@ def _run_loop_locked(
     (prepare if prepare is not None else ensure_initial_model)(run, config)
     if config.eval.initial and config.run.eval_every > 0 and not (run.initial_eval_path).is_file():
         # iteration -1 = the initial policy; the eval runner writes <run>/eval.parquet for it
+        start = time.perf_counter()
         runners["eval"](run, -1, config)
         if logger is not None:
             logger.log_iteration(run, -1)
+        if on_initial_eval is not None and run.initial_eval_path.is_file():
+            on_initial_eval(time.perf_counter() - start)
     results = []
     for iteration in range(iters):
         if iteration_finished(run, iteration):

@@ -216,6 +216,7 @@ def plot_curves(tables: list[RunTables], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 3.8), constrained_layout=True)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -232,6 +233,7 @@ def plot_curves(tables: list[RunTables], path: Path) -> Path:
                 )
             ax.set_title(title)
             ax.set_xlabel("policy updates")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates are counts: no 0.5 ticks
             ax.grid(alpha=0.3)
     axes[0].set_ylim(-0.02, 1.02)
     handles, labels = axes[0].get_legend_handles_labels()

@@ -7,8 +7,9 @@ One in-memory DuckDB connection, one view per graft table spanning all iteration
 Each view reads ``RUN/iter_*/<table>.parquet`` lazily (``metrics`` reads ``metrics*.parquet``, one file
 per stage) plus a ``RUN/<table>.parquet`` at the top (e.g. a ``graft synth`` output directory), and
 has an ``iter`` column taken from the ``iter_NNNN`` directory name (the directory wins over a table's
-own ``iter`` column; top-level files keep their own, e.g. the initial evaluation's ``iter = -1``, or
-null when the table has none). Quoting ``"values"`` is safest (an SQL keyword elsewhere).
+own ``iter`` column; top-level files keep their own, e.g. the initial evaluation's ``iter = -1``; a
+top-level table without one, e.g. ``advantages`` written with ``-o``, takes the single iteration of
+the top-level metrics/steps there, else null). Quoting ``"values"`` is safest (an SQL keyword elsewhere).
 
 Read-only: only one SELECT / WITH / VALUES / FROM statement is accepted; COPY, EXPORT, ATTACH,
 INSTALL/LOAD, SET, PRAGMA, CREATE ... are refused before anything runs, and once the views exist the
@@ -64,7 +65,25 @@ def table_globs(root: Path) -> dict[str, list[str]]:
     return found
 
 
-def _view_sql(view: str, globs: list[str]) -> str:
+def top_level_iteration(root: Path) -> int | None:
+    """The one iteration the top-level tables of ``root`` belong to, or None.
+
+    Files written with ``-o`` (``graft graph/solve/advantage STEPS -o OUT``) sit at the top of OUT;
+    nodes, edges, values and advantages have no ``iter`` column of their own, while the metrics (and
+    a steps file) there do. When those agree on a single iteration, the iter-less tables take it.
+    """
+    files = [f for pattern in ("metrics*.parquet", "steps.parquet") for f in sorted(root.glob(pattern))]
+    seen: set[int] = set()
+    for path in files:
+        try:
+            column = pl.scan_parquet(path).select(pl.col("iter").unique()).collect()["iter"]
+        except Exception:  # unreadable or without iter: the view reports real problems when queried
+            continue
+        seen.update(int(v) for v in column.drop_nulls().to_list())
+    return seen.pop() if len(seen) == 1 else None
+
+
+def _view_sql(view: str, globs: list[str], top_iter: int | None = None) -> str:
     files = "[" + ", ".join(_literal(g) for g in globs) + "]"
     dir_iter = r"TRY_CAST(regexp_extract(filename, '/iter_(\d+)/[^/]*$', 1) AS INTEGER)"
     source = f"read_parquet({files}, filename = true, union_by_name = true)"
@@ -72,7 +91,8 @@ def _view_sql(view: str, globs: list[str]) -> str:
         # the directory names the iteration; a top-level file keeps its own iter column
         select = f"SELECT * EXCLUDE (filename) REPLACE (COALESCE({dir_iter}, iter)::INTEGER AS iter)"
     else:
-        select = f"SELECT {dir_iter} AS iter, * EXCLUDE (filename)"
+        fallback = "NULL" if top_iter is None else str(int(top_iter))
+        select = f"SELECT COALESCE({dir_iter}, {fallback})::INTEGER AS iter, * EXCLUDE (filename)"
     return f"CREATE VIEW {_quote(view)} AS {select} FROM {source}"
 
 
@@ -135,8 +155,9 @@ def connect(
         con.execute(f"SET temp_directory = {_literal(str(temp_dir) if temp_dir is not None else '')}")
         if memory_limit is not None:
             con.execute(f"SET memory_limit = {_literal(memory_limit)}")
+        top_iter = top_level_iteration(root)
         for view, patterns in globs.items():
-            con.execute(_view_sql(view, patterns))
+            con.execute(_view_sql(view, patterns, top_iter))
         con.execute(f"SET allowed_directories = [{_literal(str(root.resolve()) + '/')}]")
         con.execute("SET autoinstall_known_extensions = false")  # never download an extension
         con.execute("SET autoload_known_extensions = false")

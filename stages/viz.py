@@ -227,48 +227,147 @@ def draw_static(graph: GroupGraph, path: Path, fmt: str = "png") -> Path:
     return path
 
 
+LABEL_CHAR_W, LABEL_H = 6.2, 12.0  # approximate box of a 10px edge label character / line (SVG units)
+EDGE_BEND = 0.18  # sideways bend of an edge, as a share of its length: u->v and v->u curve apart
+LABEL_SPOTS = (0.5, 0.38, 0.62, 0.28, 0.72, 0.2, 0.8)  # curve positions tried for a label, in order
+
+
+def edge_curve(
+    start: tuple[float, float], end: tuple[float, float], radius: float, bend: float = EDGE_BEND
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quadratic Bezier (P0, P1, P2) from the rim of the ``start`` node to the rim of the ``end`` node.
+
+    The control point sits ``bend`` x length to the right of the chord (seen along the direction of
+    travel), so the reverse edge bends the other way and the two never share a line or a label spot.
+    """
+    a, b = np.asarray(start, float), np.asarray(end, float)
+    chord = b - a
+    length = max(float(np.hypot(*chord)), 1e-9)
+    unit = chord / length
+    normal = np.array([-unit[1], unit[0]])
+    control = (a + b) / 2 + normal * bend * length
+    p0 = a + (control - a) / max(float(np.hypot(*(control - a))), 1e-9) * radius
+    p2 = b + (control - b) / max(float(np.hypot(*(control - b))), 1e-9) * (radius + 1.0)
+    return p0, control, p2
+
+
+def bezier_point(p0: np.ndarray, p1: np.ndarray, p2: np.ndarray, t: float) -> np.ndarray:
+    """B(t) = (1 - t)^2 P0 + 2 (1 - t) t P1 + t^2 P2."""
+    return (1 - t) ** 2 * p0 + 2 * (1 - t) * t * p1 + t**2 * p2
+
+
+def _overlap_area(
+    box: tuple[float, float, float, float], others: list[tuple[float, float, float, float]]
+) -> float:
+    x0, y0, x1, y1 = box
+    return sum(
+        max(0.0, min(x1, b[2]) - max(x0, b[0])) * max(0.0, min(y1, b[3]) - max(y0, b[1])) for b in others
+    )
+
+
+def place_label(
+    candidates: list[tuple[float, float]], text: str, taken: list[tuple[float, float, float, float]]
+) -> tuple[float, float]:
+    """The first candidate centre whose label box overlaps no box in ``taken`` (when every one does,
+    the one with the least overlapping area); the chosen box is appended to ``taken``."""
+    half_w, half_h = max(len(text), 1) * LABEL_CHAR_W / 2, LABEL_H / 2
+    boxes = [(x - half_w, y - half_h, x + half_w, y + half_h) for x, y in candidates]
+    areas = [_overlap_area(box, taken) for box in boxes]
+    pick = next((i for i, a in enumerate(areas) if a == 0.0), int(np.argmin(areas)))
+    taken.append(boxes[pick])
+    return candidates[pick]
+
+
+def _legend(cmap, norm, x: float, y: float) -> str:  # type: ignore[no-untyped-def]
+    """The colour scale of V(u) (gradient bar with its min/max) and the marks used on the graph."""
+    import matplotlib.colors as mcolors
+
+    stops = "".join(
+        f'<stop offset="{t:.2f}" stop-color="{mcolors.to_hex(cmap(t))}"/>' for t in np.linspace(0, 1, 11)
+    )
+    lo, hi = norm.vmin, norm.vmax
+    return (
+        f'<g class="legend" transform="translate({x:.1f},{y:.1f})">'
+        f'<defs><linearGradient id="vscale" x1="0" y1="1" x2="0" y2="0">{stops}</linearGradient></defs>'
+        '<text x="0" y="0" class="ltitle">V(u)</text>'
+        '<rect x="0" y="8" width="14" height="120" fill="url(#vscale)" stroke="#777"/>'
+        f'<text x="20" y="16" class="ltick">{hi:.2f} high</text>'
+        f'<text x="20" y="72" class="ltick">{(lo + hi) / 2:.2f}</text>'
+        f'<text x="20" y="130" class="ltick">{lo:.2f} low</text>'
+        '<circle cx="7" cy="158" r="7" fill="#fff" stroke="#000" stroke-width="2"/>'
+        '<text x="20" y="162" class="ltick">start node</text>'
+        '<path d="M0,184 L14,184" stroke="#555" stroke-width="1.4" marker-end="url(#arrow)"/>'
+        '<text x="20" y="188" class="ltick">edge: mean advantage</text>'
+        '<text x="20" y="202" class="ltick">(×n: n steps took it)</text>'
+        '<path d="M3,226 C-4,210 18,210 11,226" fill="none" stroke="#555" stroke-width="1.4"/>'
+        '<text x="20" y="226" class="ltick">loop: invalid action</text>'
+        "</g>"
+    )
+
+
 def render_html(graph: GroupGraph) -> str:
-    """A self-contained HTML page: inline SVG, hover ``<title>`` on every node and edge, no scripts."""
+    """A self-contained HTML page: inline SVG, hover ``<title>`` on every node and edge, no scripts.
+
+    Edges are quadratic curves bent to one side (so u->v and v->u are apart), arrowheads have a fixed
+    size whatever the edge's width (``markerUnits="userSpaceOnUse"``), each edge label takes the first
+    spot along its curve where it overlaps no other label, and a legend shows the value scale.
+    """
     import matplotlib.colors as mcolors
     import matplotlib.pyplot as plt
 
     cmap = plt.get_cmap("RdYlGn")
     norm = _value_norm(graph)
-    step_x, step_y, margin, radius = 150.0, 70.0, 60.0, 16.0
+    step_x, step_y, margin, radius, legend_w = 160.0, 80.0, 60.0, 16.0, 190.0
     ys = graph.nodes["y"].to_numpy() if graph.nodes.height else np.zeros(1)
     y_min = float(ys.min())
     coords = {
         r["node"]: (margin + r["x"] * step_x, margin + (r["y"] - y_min) * step_y)
         for r in graph.nodes.iter_rows(named=True)
     }
-    width = margin * 2 + step_x * float(graph.nodes["depth"].max() if graph.nodes.height else 0)
-    height = margin * 2 + step_y * float(ys.max() - y_min)
-    parts: list[str] = []
+    graph_w = margin * 2 + step_x * float(graph.nodes["depth"].max() if graph.nodes.height else 0)
+    width = graph_w + legend_w
+    height = max(margin * 2 + step_y * float(ys.max() - y_min), 280.0)
+    # node discs count as taken, so labels avoid covering nodes too
+    taken = [(x - radius, y - radius, x + radius, y + radius) for x, y in coords.values()]
+    edge_parts: list[str] = []
+    label_parts: list[str] = []
     for r in graph.edges.iter_rows(named=True):
         (x1, y1), (x2, y2) = coords[r["src"]], coords[r["dst"]]
         actions = "; ".join(a for a in r["actions"] if a) or "(invalid)"
         title = html.escape(
             f"{r['src']} → {r['dst']}: {actions}\nadvantage (mean of {r['count']}): {_fmt_adv(r['advantage'])}"
         )
-        label = html.escape(_fmt_adv(r["advantage"]) + (f" ×{r['count']}" if r["count"] > 1 else ""))
+        text = _fmt_adv(r["advantage"]) + (f" ×{r['count']}" if r["count"] > 1 else "")
         if r["src"] == r["dst"]:  # invalid action: the world did not move
-            path = f"M{x1 - 8:.1f},{y1 - radius:.1f} C{x1 - 30:.1f},{y1 - 55:.1f} {x1 + 30:.1f},{y1 - 55:.1f} {x1 + 8:.1f},{y1 - radius:.1f}"
-            lx, ly = x1, y1 - 46
+            path = (
+                f"M{x1 - 8:.1f},{y1 - radius:.1f} C{x1 - 30:.1f},{y1 - 55:.1f} "
+                f"{x1 + 30:.1f},{y1 - 55:.1f} {x1 + 8:.1f},{y1 - radius:.1f}"
+            )
+            spots = [(x1, y1 - 50), (x1, y1 - 62), (x1 + 34, y1 - 40), (x1 - 34, y1 - 40)]
         else:
-            dx, dy = x2 - x1, y2 - y1
-            dist = max(np.hypot(dx, dy), 1e-9)
-            sx, sy = x1 + dx / dist * radius, y1 + dy / dist * radius
-            ex, ey = x2 - dx / dist * (radius + 4), y2 - dy / dist * (radius + 4)
-            path = f"M{sx:.1f},{sy:.1f} L{ex:.1f},{ey:.1f}"
-            lx, ly = (sx + ex) / 2, (sy + ey) / 2 - 4
-        parts.append(
+            p0, p1, p2 = edge_curve((x1, y1), (x2, y2), radius)
+            path = f"M{p0[0]:.1f},{p0[1]:.1f} Q{p1[0]:.1f},{p1[1]:.1f} {p2[0]:.1f},{p2[1]:.1f}"
+            chord = p2 - p0
+            side = np.array([-chord[1], chord[0]]) / max(float(np.hypot(*chord)), 1e-9) * LABEL_H
+            on_curve = [bezier_point(p0, p1, p2, t) for t in LABEL_SPOTS]
+            # on the curve first, then a line's height off it on the bent side, then the other side
+            spots = [tuple(float(v) for v in c + k * side) for k in (0, 1, -1) for c in on_curve]
+        lx, ly = place_label(spots, text, taken)  # type: ignore[arg-type]
+        edge_parts.append(
             f'<g class="edge"><title>{title}</title><path d="{path}" fill="none" stroke="#555" '
-            f'stroke-width="{1 + min(r["count"], 8) * 0.4:.1f}" marker-end="url(#arrow)"/>'
-            f'<text x="{lx:.1f}" y="{ly:.1f}" class="elabel">{label}</text></g>'
+            f'stroke-width="{1 + min(r["count"], 8) * 0.3:.1f}" marker-end="url(#arrow)"/></g>'
         )
+        if text:
+            label_parts.append(
+                f'<text x="{lx:.1f}" y="{ly + 3.5:.1f}" class="elabel"><title>{title}</title>'
+                f"{html.escape(text)}</text>"
+            )
+    node_parts: list[str] = []
     for r in graph.nodes.iter_rows(named=True):
         x, y = coords[r["node"]]
-        colour = mcolors.to_hex(cmap(norm(r["value"])))
+        rgba = cmap(norm(r["value"]))
+        colour = mcolors.to_hex(rgba)
+        ink = "#fff" if 0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2] < 0.45 else "#000"
         state = _clip(r["state"])
         seen = f"\n\nobservation: {_clip(r['observation'])}" if r["observation"] else ""
         end = f", ends {r['ends']} (mean outcome {r['end_value']:.2f})" if r["ends"] else ""
@@ -276,11 +375,11 @@ def render_html(graph: GroupGraph) -> str:
             f"node {r['node']}{' (start)' if r['start'] else ''}\nV = {r['value']:.4f}, "
             f"visits {r['visits']}{end}\n\nstate: {state}{seen}"
         )
-        stroke = "#000" if r["start"] else "#777"
-        parts.append(
+        stroke, stroke_w = ("#000", 2.5) if r["start"] else ("#777", 1.2)
+        node_parts.append(
             f'<g class="node"><title>{title}</title><circle cx="{x:.1f}" cy="{y:.1f}" r="{radius}" '
-            f'fill="{colour}" stroke="{stroke}" stroke-width="1.5"/>'
-            f'<text x="{x:.1f}" y="{y + 4:.1f}" class="nlabel">{r["node"]}</text></g>'
+            f'fill="{colour}" stroke="{stroke}" stroke-width="{stroke_w}"/>'
+            f'<text x="{x:.1f}" y="{y + 4:.1f}" class="nlabel" fill="{ink}">{r["node"]}</text></g>'
         )
     successes = int((graph.outcomes["outcome"] > 0).sum())
     summary = html.escape(
@@ -291,20 +390,25 @@ def render_html(graph: GroupGraph) -> str:
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}">'
-        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-        'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>'
-        + "".join(parts)
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerUnits="userSpaceOnUse" '
+        'markerWidth="9" markerHeight="9" orient="auto-start-reverse">'
+        '<path d="M0,1 L10,5 L0,9 z" fill="#555"/></marker></defs>'
+        + "".join(edge_parts)
+        + "".join(node_parts)
+        + "".join(label_parts)  # last: labels stay readable over edges and nodes
+        + _legend(cmap, norm, graph_w + 10, margin - 20)
         + "</svg>"
     )
     style = (
         "body{font-family:sans-serif;margin:1em} .nlabel{font-size:11px;text-anchor:middle;"
-        "pointer-events:none} .elabel{font-size:10px;text-anchor:middle;fill:#225} "
-        "g.node:hover circle{stroke-width:3} g.edge:hover path{stroke:#c00}"
+        "pointer-events:none} .elabel{font-size:10px;text-anchor:middle;fill:#225;paint-order:stroke;"
+        "stroke:#fff;stroke-width:3px;stroke-linejoin:round} .ltitle{font-size:12px;font-weight:bold} "
+        ".ltick{font-size:10px} g.node:hover circle{stroke-width:3} g.edge:hover path{stroke:#c00}"
     )
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>graft viz: {html.escape(graph.group_id)}"
         f"</title><style>{style}</style></head><body><h3>{summary}</h3>"
-        "<p>Node colour: V(u) (red low, green high); edge label: mean advantage (×instances). "
+        "<p>Node colour: V(u) (legend on the right); edge label: mean advantage (×instances). "
         "Hover a node or edge for state text, value, visits, actions.</p>"
         f"{svg}</body></html>\n"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,35 @@ def test_expert_matches_the_package_wrapper_on_a_look_game(env):
         state, _, done = reference.step(theirs[-1])
     _, records = play_expert(env, task)
     assert [r.action for r in records] == theirs
+
+
+# -- held-out warning ----------------------------------------------------------------------------
+
+
+def test_train_and_eval_from_the_same_games_is_warned_once():
+    from schemas.errors import GraftWarning
+
+    _needs_alfworld()
+    shared = make_env("alfworld", data=str(DATA))  # the test data has only valid_seen
+    with pytest.warns(GraftWarning, match="train and eval draw from the same games"):
+        shared.games("train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shared.games("eval")  # once per environment
+
+
+def test_separate_train_and_eval_folders_are_not_warned(tmp_path):
+    import shutil
+
+    _needs_alfworld()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        playable = make_env("alfworld", data=str(DATA)).games("eval")
+    folders = sorted({e.game_file.parent.parent for e in playable})[:2]
+    for split, folder in zip(("train", "valid_seen"), folders, strict=True):
+        shutil.copytree(folder, tmp_path / "json_2.1.1" / split / folder.name)
+    env = make_env("alfworld", data=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(env.games("train")) >= 1 and len(env.games("eval")) >= 1
+    assert {e.task_id.split("/")[0] for e in env.games("train")} == {"train"}

@@ -161,3 +161,103 @@ def test_report_and_viz_of_a_real_tiny_run(tmp_path_factory, tmp_path: Path) -> 
     assert (tmp_path / "graph.png").read_bytes().startswith(PNG_MAGIC)
     assert ">0<" in svg and ">0</text>" in page and "<title>node 0 (start)" in page
     assert "You are in the middle of a room" in page  # the start node's state text in its hover title
+
+
+def _reciprocal_graph():
+    """Nodes 0..2 in two layers with edges both ways between 0 and 1 and between 1 and 2."""
+    steps = pl.DataFrame(
+        {
+            "group_id": ["g"] * 4,
+            "task_id": ["t"] * 4,
+            "traj_id": ["a", "a", "a", "a"],
+            "step": [0, 1, 2, 3],
+            "action": ["go", "back", "go", "on"],
+            "outcome": [1.0] * 4,
+            "done": [False, False, False, True],
+        }
+    )
+    nodes = pl.DataFrame(
+        {"group_id": ["g"] * 3, "node": [0, 1, 2], "state": ["s0", "s1", "s2"], "visits": [2, 2, 0],
+         "out_edges": [1, 2, 0], "ends": [0, 0, 1], "end_value": [None, None, 1.0]}
+    )  # fmt: skip
+    edges = pl.DataFrame(
+        {"group_id": ["g"] * 4, "traj_id": ["a"] * 4, "step": [0, 1, 2, 3], "src": [0, 1, 0, 1],
+         "dst": [1, 0, 1, 2], "reward": [0.0] * 4}
+    )  # fmt: skip
+    values = pl.DataFrame({"group_id": ["g"] * 3, "node": [0, 1, 2], "value": [-2.0, 0.5, 3.0]})
+    adv = edges.select("group_id", "traj_id", "step").with_columns(
+        advantage=pl.Series([0.25, -1.5, 0.75, 2.0])
+    )
+    return group_graph(steps, nodes, edges, values, adv, "g")
+
+
+def _svg(page: str):
+    import xml.etree.ElementTree as ET
+
+    svg = page[page.index("<svg") : page.index("</svg>") + len("</svg>")]
+    return ET.fromstring(svg)
+
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+def test_html_view_separates_reverse_edges_and_their_labels() -> None:
+    from stages.viz import LABEL_CHAR_W, LABEL_H
+
+    root = _svg(render_html(_reciprocal_graph()))
+    paths = [g.find(f"{SVG_NS}path").get("d") for g in root.iter(f"{SVG_NS}g") if g.get("class") == "edge"]
+    assert len(paths) == 3 and len(set(paths)) == 3  # 0->1, 1->0, 1->2: u->v and v->u differ
+    boxes = []
+    for text in root.iter(f"{SVG_NS}text"):
+        if text.get("class") != "elabel":
+            continue
+        label = text.find(f"{SVG_NS}title").tail  # the hover title comes first, then the label
+        x, y = float(text.get("x")), float(text.get("y")) - 3.5
+        half = len(label) * LABEL_CHAR_W / 2
+        boxes.append((x - half, y - LABEL_H / 2, x + half, y + LABEL_H / 2))
+    assert len(boxes) == 3
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (a, b)
+
+
+def test_html_view_arrowheads_do_not_scale_with_edge_width_and_a_legend_shows_values() -> None:
+    root = _svg(render_html(_reciprocal_graph()))
+    marker = next(root.iter(f"{SVG_NS}marker"))
+    assert marker.get("markerUnits") == "userSpaceOnUse"  # default strokeWidth multiplies the size
+    assert float(marker.get("markerWidth")) <= 10
+    legend = next(g for g in root.iter(f"{SVG_NS}g") if g.get("class") == "legend")
+    ticks = " ".join("".join(t.itertext()) for t in legend.iter(f"{SVG_NS}text"))
+    assert "3.00 high" in ticks and "-2.00 low" in ticks and "0.50" in ticks  # min, max, middle of V
+    assert any(s.tag == f"{SVG_NS}linearGradient" for s in legend.iter())
+
+
+def test_edge_curves_bend_to_the_right_of_travel() -> None:
+    from stages.viz import bezier_point, edge_curve
+
+    p0, p1, p2 = edge_curve((0.0, 0.0), (100.0, 0.0), radius=10.0)
+    q0, q1, q2 = edge_curve((100.0, 0.0), (0.0, 0.0), radius=10.0)
+    assert p1[1] > 0 > q1[1]  # opposite sides of the chord
+    assert np.hypot(*p0) == pytest.approx(10.0) and np.hypot(*(p2 - [100.0, 0.0])) == pytest.approx(11.0)
+    assert bezier_point(p0, p1, p2, 0.0) == pytest.approx(p0)
+    assert bezier_point(p0, p1, p2, 1.0) == pytest.approx(p2)
+
+
+def test_report_x_axis_has_integer_ticks_on_a_short_run(fake_run: Path, tmp_path: Path, monkeypatch) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from schemas.rundir import open_run
+    from stages.report import plot_curves
+
+    figures = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
+    plot_curves([load_run_tables(open_run(fake_run))], tmp_path / "c.png")  # 2 iterations: x in 1..2
+    axes = figures[0].axes
+    for ax in axes:
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    plt.close(figures[0])

@@ -130,3 +130,23 @@ def test_finished_outputs_get_umask_permissions_not_mkstemp_ones(tmp_path, small
     assert stat.S_IMODE(text.stat().st_mode) == 0o644
     assert stat.S_IMODE(table.stat().st_mode) == 0o644
     assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+
+
+def test_committed_directories_are_readable_like_other_outputs(tmp_path):
+    import os
+    import stat
+    import tempfile
+
+    from schemas.rundir import atomic_dir, commit_dir
+
+    umask = os.umask(0o022)
+    try:
+        tmp = atomic_dir(tmp_path / "ckpt")
+        fd, name = tempfile.mkstemp(dir=tmp)  # how libraries write files: 0600
+        os.close(fd)
+        os.replace(name, tmp / "model.safetensors")
+        commit_dir(tmp, tmp_path / "ckpt")
+    finally:
+        os.umask(umask)
+    mode = stat.S_IMODE((tmp_path / "ckpt" / "model.safetensors").stat().st_mode)
+    assert mode == 0o644

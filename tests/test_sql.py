@@ -301,3 +301,27 @@ def test_table_output_prints_cells_literally(runner, two_iter_run):
     assert "[bold]x[/bold] :x:" in result.stdout and "[i]c" in result.stdout
     assert "\\x1b[31mred\\nnext" in result.stdout
     assert "\x1b" not in result.stdout and "\u274c" not in result.stdout
+
+
+def test_tables_written_with_o_take_the_iteration_of_their_metrics(runner, tmp_path):
+    steps = synth_steps(groups=2, group_size=3, seed=1).with_columns(pl.lit(3, dtype=pl.Int32).alias("iter"))
+    write_table(steps, "steps", tmp_path / "steps.parquet")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["advantage", str(tmp_path / "steps.parquet"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    metric_iters = set(run_query(out, "SELECT DISTINCT iter FROM metrics")["iter"].to_list())
+    assert len(metric_iters) == 1  # the file-mode stages stamp one iteration
+    for view in ("nodes", "edges", '"values"', "advantages"):
+        iters = run_query(out, f"SELECT DISTINCT iter FROM {view}")["iter"].to_list()
+        assert iters == list(metric_iters), view  # was null while metrics said 0
+
+
+def test_top_level_tables_without_one_iteration_keep_a_null_iter(tmp_path):
+    for it in (0, 1):  # two iterations' metrics at the top: no single iteration to give the nodes
+        write_table(_metrics(it, f"s{it}", ["a"]), "metrics", tmp_path / f"metrics_s{it}.parquet")
+    nodes = pl.DataFrame(
+        {"group_id": ["g"], "node": [0], "state": ["s"], "visits": [1], "out_edges": [0], "ends": [0],
+         "end_value": [None]}
+    )  # fmt: skip
+    write_table(nodes, "nodes", tmp_path / "nodes.parquet")
+    assert run_query(tmp_path, "SELECT iter FROM nodes")["iter"].to_list() == [None]

@@ -25,8 +25,12 @@ def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]
     else:
         config = load_config(config_path, overrides)
     from stages.live_log import require_backend
+    from stages.preflight import check_startable
 
-    require_backend(config)  # a missing optional writer is refused before the run directory exists
+    # refuse what cannot start (model directory, vLLM, CUDA, environment data, a missing optional
+    # writer) before anything is written, the run's lock file included
+    require_backend(config)
+    check_startable(config)
     root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
     return root, config
 
@@ -125,6 +129,20 @@ def _print_iteration(console, run: Run, result, config: Config) -> None:  # type
     console.print("  ".join(parts), highlight=False, soft_wrap=True)
 
 
+def _print_initial_eval(console, run: Run, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    """The evaluation of the initial policy (iter -1), in the columns of the iteration lines."""
+    from schemas import read_table
+
+    rows = read_table(run.initial_eval_path, "eval")
+    overall = {r["name"]: r["value"] for r in rows.iter_rows(named=True) if r["task_type"] is None}
+    line = (
+        f"[bold]initial  [/bold] [cyan]eval {overall.get('success_rate', float('nan')):.3f}[/cyan]  "
+        f"return {overall.get('mean_return', float('nan')):7.3f}  "
+        f"turns {overall.get('mean_turns', float('nan')):5.2f}  [dim]| eval {seconds:.1f}s[/dim]"
+    )
+    console.print(line, highlight=False, soft_wrap=True)
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the graft app."""
 
@@ -152,19 +170,47 @@ def register(app: typer.Typer) -> None:
         root, _ = loop_root(config, run_dir, list(overrides))  # checks the config before any write
         with run_lock(root):
             run, cfg, target = resolve_loop_run(config, run_dir, list(overrides), iters, force)
-            console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False)
+            # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
+            console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
+            if not cfg.model.path and not (run.initial_model_dir / "config.json").is_file():
+                from stages.policy.tiny import vocab_tasks_for
+                from stages.rollout import make_environment
+
+                n = vocab_tasks_for(make_environment(cfg), cfg.model.tiny_vocab_tasks)
+                console.print(
+                    f"building the tiny model: playing {n} train + {n} eval {cfg.env.name} tasks for its "
+                    "vocabulary (model.tiny_vocab_tasks)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+            if cfg.sft.enabled and not (run.sft_model_dir / "config.json").is_file():
+                console.print(
+                    f"warm start: {cfg.sft.episodes} expert demos (noise {cfg.sft.noise:g}), "
+                    f"{cfg.sft.epochs} epochs of behaviour cloning -> {run.sft_model_dir}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
             results = run_loop(
-                run, cfg, target, on_iteration=lambda r: _print_iteration(console, run, r, cfg)
+                run,
+                cfg,
+                target,
+                on_iteration=lambda r: _print_iteration(console, run, r, cfg),
+                on_initial_eval=lambda seconds: _print_initial_eval(console, run, seconds),
             )
             if not results:
-                console.print(f"nothing to do: iterations 0..{target - 1} are finished", highlight=False)
+                console.print(
+                    f"nothing to do: iterations 0..{target - 1} are finished", highlight=False, soft_wrap=True
+                )
                 return
             from stages.report import success_summary, write_report
 
             png, markdown, *_ = write_report([run.root])
-        console.print(success_summary(run), highlight=False)
+        console.print(success_summary(run), highlight=False, soft_wrap=True)
         console.print(
-            f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)", highlight=False
+            f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
         )
 
     @app.command("eval")

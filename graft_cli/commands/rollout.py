@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from schemas.config import DEFAULT_TINY_VOCAB_TASKS
 from schemas.errors import GraftError
 
 
@@ -24,12 +25,19 @@ def init_model(
     layers: int = typer.Option(2, "--layers", help="Transformer layers."),
     heads: int = typer.Option(4, "--heads", help="Attention heads."),
     option: list[str] = typer.Option([], "--option", help="Environment option KEY=VALUE (repeatable)."),
+    vocab_tasks: int = typer.Option(
+        0,
+        "--vocab-tasks",
+        help="Tasks per split (train, eval) played to collect the tokenizer's vocabulary "
+        f"(config model.tiny_vocab_tasks); 0 = the environment's default (household 150, others "
+        f"{DEFAULT_TINY_VOCAB_TASKS}).",
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing directory."),
 ) -> None:
-    """Create a policy model directory: the tiny model (random init + word-level tokenizer), no download."""
+    """Create a policy model directory: the tiny model (random init + tokenizer of the environment's words), no download."""
     from schemas.config import apply_overrides
     from stages.envs.registry import make_env
-    from stages.policy.tiny import TinySpec, build_tiny_model
+    from stages.policy.tiny import TinySpec, build_tiny_model, vocab_tasks_for
 
     if not tiny:
         raise GraftError(
@@ -37,10 +45,21 @@ def init_model(
         )
     if out.exists() and any(out.iterdir()) and not force:
         raise GraftError(f"{out}: directory exists and is not empty (use --force to replace it)")
+    if vocab_tasks < 0:
+        raise GraftError(f"--vocab-tasks must be >= 0 (0: the environment's default), got {vocab_tasks}")
     options = apply_overrides({}, option)
     environment = make_env(env, **options)
     spec = TinySpec(hidden=hidden, layers=layers, heads=heads)
-    build_tiny_model(out, environment, seed=seed, spec=spec, info={"env": env, "env_options": options})
+    vocab_tasks = vocab_tasks_for(environment, vocab_tasks)
+    typer.echo(f"playing {vocab_tasks} train + {vocab_tasks} eval {env} tasks for the vocabulary", err=True)
+    build_tiny_model(
+        out,
+        environment,
+        seed=seed,
+        spec=spec,
+        tasks_per_split=vocab_tasks,
+        info={"env": env, "env_options": options},
+    )
     typer.echo(f"wrote {out}")
 
 

@@ -14,7 +14,8 @@ the ``eval_split`` option names, following ALFWorld's convention: ``"valid_seen"
 ``split_of``). A named split whose folder is missing is an error. When none of a split's folders
 exists (the test data has only ``valid_seen``; with "both" that needs both missing), that split draws
 from every split folder present, so "train" and "eval" then share one pool and are NOT held out from
-each other. A task set is the pool
+each other; a ``GraftWarning`` says so (once per environment) whenever the two splits draw from a
+common folder. A task set is the pool
 sorted by task id, permuted by ``numpy.random.default_rng(SeedSequence([seed, split]))``; the first
 ``count`` are taken and, if ``count`` exceeds the pool, the permutation repeats (as the built-in envs do).
 
@@ -56,6 +57,7 @@ import os
 import random
 import re
 import sys
+import warnings
 import weakref
 import zlib
 from dataclasses import dataclass
@@ -64,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.errors import GraftError
+from schemas.errors import GraftError, GraftWarning
 from stages.envs.base import Observation, Task, Transition
 from stages.envs.engine_observation import engine_observation
 from stages.envs.tasksets import check_options, check_task_types
@@ -363,25 +365,44 @@ class AlfworldEnv:
         self.options = options
         self.pool = _EnginePool()
         self._pools: dict[str, list[GameEntry]] = {}
+        self._warned_shared = False
+
+    def split_dirs(self, split: str) -> list[str]:
+        """The folders under ``json_2.1.1`` that ``split`` draws from (see the module docstring)."""
+        if split not in SPLITS:
+            raise GraftError(f"unknown split '{split}'; splits: {', '.join(SPLITS)}")
+        base = self.root / "json_2.1.1"
+        folders = self.options["train_splits"] if split == "train" else EVAL_SPLITS[self.options["eval_split"]]
+        wanted = [d for d in folders if (base / d).is_dir()]
+        if split == "eval" and len(folders) == 1 and not wanted:
+            raise GraftError(
+                f"environment 'alfworld': eval_split '{folders[0]}' has no folder {base / folders[0]}"
+            )
+        if not wanted:  # e.g. only valid_seen present: every split draws from what exists
+            wanted = sorted(p.name for p in base.iterdir() if p.is_dir())
+        return wanted
 
     def games(self, split: str) -> list[GameEntry]:
         """The pool of games a split draws from (see the module docstring for the fallback)."""
-        if split not in SPLITS:
-            raise GraftError(f"unknown split '{split}'; splits: {', '.join(SPLITS)}")
         if split not in self._pools:
-            base = self.root / "json_2.1.1"
-            folders = (
-                self.options["train_splits"] if split == "train" else EVAL_SPLITS[self.options["eval_split"]]
-            )
-            wanted = [d for d in folders if (base / d).is_dir()]
-            if split == "eval" and len(folders) == 1 and not wanted:
-                raise GraftError(
-                    f"environment 'alfworld': eval_split '{folders[0]}' has no folder {base / folders[0]}"
-                )
-            if not wanted:  # e.g. only valid_seen present: every split draws from what exists
-                wanted = sorted(p.name for p in base.iterdir() if p.is_dir())
-            self._pools[split] = discover_games(self.root, wanted, self.options["task_types"])
+            self._pools[split] = discover_games(self.root, self.split_dirs(split), self.options["task_types"])
+            self._warn_shared_pool()
         return self._pools[split]
+
+    def _warn_shared_pool(self) -> None:
+        """Warn once when train and eval draw from a common folder: eval success is then not held out."""
+        if self._warned_shared:
+            return
+        shared = sorted(set(self.split_dirs("train")) & set(self.split_dirs("eval")))
+        if shared:
+            self._warned_shared = True
+            warnings.warn(
+                f"environment 'alfworld': train and eval draw from the same games ({', '.join(shared)} "
+                f"under {self.root / 'json_2.1.1'}), so eval success is not on held-out games "
+                "(add the train split's folder or set env.options train_splits / eval_split)",
+                GraftWarning,
+                stacklevel=3,
+            )
 
     def tasks(self, split: str, count: int, seed: int) -> list[Task]:
         if count < 0:

@@ -560,6 +560,9 @@ class HouseholdEnv:
 
     name = ENV_NAME
     prompt_style = "alfworld"
+    # tasks per split the tiny tokenizer plays by default: the rarely drawn object names need ~150
+    # (fewer leave words out, docs/rollout.md); 300 household tasks take ~2 s
+    vocab_tasks = 150
     success_outcome = 10.0
 
     def __init__(self, max_turns: int, invalid_penalty: float, options: dict[str, Any]) -> None:

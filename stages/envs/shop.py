@@ -419,6 +419,8 @@ class ShopEnv:
     name = ENV_NAME
     prompt_style = "webshop"
     success_outcome = 10.0
+    # tasks per split the tiny tokenizer plays by default: 32 cover the catalog's words (docs/rollout.md)
+    vocab_tasks = 32
 
     def __init__(self, max_turns: int, invalid_penalty: float, options: dict[str, Any]) -> None:
         self.max_turns = max_turns

@@ -1,6 +1,7 @@
 """Policy models and engines (SPEC §6).
 
-- ``tokenizer.py`` / ``tiny.py``: the tiny random-init Qwen2 model and its word-level tokenizer
+- ``tokenizer.py`` / ``tiny.py``: the tiny random-init Qwen2 model and its tokenizer (a byte-level BPE
+  with one token per word it saw)
 - ``models.py``: loading any local HF causal-LM directory (safetensors only), calling it with a KV cache
 - ``choice.py``: ``choose``-mode scoring with KV-cache reuse (the convention the update stage mirrors)
 - ``sampling.py``: seeds (SeedSequence) and the choice sampler

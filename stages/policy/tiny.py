@@ -1,10 +1,12 @@
-"""The tiny policy: a small random-init Qwen2-style causal LM plus a word-level tokenizer built from an
-environment's vocabulary (SPEC §6), saved as a Hugging Face directory without any download.
+"""The tiny policy: a small random-init Qwen2-style causal LM plus a byte-level BPE tokenizer (one
+token per word it saw) trained on an environment's texts (SPEC §6), saved as a Hugging Face directory
+without any download.
 
 The tokenizer is trained on texts the environment actually produces: observations, task texts and
 admissible actions seen while playing the scripted expert and a uniformly random admissible policy
-on a few hundred tasks of the ``train`` and ``eval`` splits, plus the prompt template rendered on
-those states (so every template word is one token). Vocabulary collection uses fixed seeds: the
+on ``tasks_per_split`` tasks (config ``model.tiny_vocab_tasks``; by default the environment's
+``vocab_tasks``, else 8) of each of the ``train`` and ``eval`` splits, plus the prompt template rendered on those states (so every template word is one
+token; ``tokenizer.vocabulary_misses`` lists the words of other texts that are not). Vocabulary collection uses fixed seeds: the
 tokenizer depends only on the environment and its options, the weights only on ``seed``.
 
 Determinism: the same arguments give byte-identical ``model.safetensors`` (weights are drawn from a
@@ -14,6 +16,7 @@ private torch generator state seeded with ``seed``; the global RNG is left untou
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from schemas.config import DEFAULT_TINY_VOCAB_TASKS
 from schemas.errors import GraftError
 from schemas.rundir import atomic_dir, commit_dir
 from stages.envs.base import Environment, Episode
@@ -31,6 +35,8 @@ from stages.policy.tokenizer import build_word_tokenizer
 PromptFn = Callable[..., str]  # build_prompt(style, *, task_text, observation, admissible, history, ...)
 
 VOCAB_SEED = 0  # task seed for vocabulary collection (independent of the model seed)
+DEFAULT_VOCAB_TASKS = DEFAULT_TINY_VOCAB_TASKS  # tasks per split (config model.tiny_vocab_tasks)
+TaskHook = Callable[[int, int], None]  # (tasks played, tasks to play)
 PROMPTED_TURNS = (0, 1, 3)  # turns of each collected episode whose rendered prompt joins the corpus
 
 
@@ -65,20 +71,32 @@ def default_prompt_fn() -> PromptFn:
 def environment_texts(
     env: Environment,
     *,
-    tasks_per_split: int = 150,
+    tasks_per_split: int = DEFAULT_VOCAB_TASKS,
     history_length: int = 2,
     prompt_fn: PromptFn | None = None,
+    seed: int = VOCAB_SEED,
+    on_task: TaskHook | None = None,
 ) -> Iterator[str]:
     """Yield the texts ``env`` shows an agent: observations, task texts, admissible actions, and prompts.
 
     Per task two episodes are played: the scripted expert (falling back to a random admissible
-    action when it has none) and a uniformly random admissible policy.
+    action when it has none) and a uniformly random admissible policy. ``seed`` picks the task sets
+    (``VOCAB_SEED`` for the tokenizer; another seed gives held-out tasks to check it against);
+    ``on_task(done, total)`` is called after each of the 2 x ``tasks_per_split`` tasks. An environment
+    with a ``vocabulary_texts()`` method contributes those texts first.
     """
     prompt_fn = prompt_fn or default_prompt_fn()
-    rng = random.Random(VOCAB_SEED)
+    rng = random.Random(seed)
     seen: set[str] = set()
+    # words an environment can show beyond what a few tasks do (textworld: its text grammars)
+    yield from getattr(env, "vocabulary_texts", list)()
+    total = 2 * tasks_per_split
+    done = 0
     for split in ("train", "eval"):
-        for task in env.tasks(split, tasks_per_split, VOCAB_SEED):
+        for task in env.tasks(split, tasks_per_split, seed):
+            done += 1
+            if on_task is not None:
+                on_task(done, total)
             # Small task pools repeat tasks to fill the count; replaying one adds no words but
             # costs seconds per reset on engine-backed worlds (ALFWorld).
             if task.task_id in seen:
@@ -112,20 +130,77 @@ def environment_texts(
                     episode.act(action)
 
 
+def vocab_tasks_for(env: Environment, requested: int = 0) -> int:
+    """Tasks per split played for the vocabulary: ``requested``, or when 0 the environment's own
+    ``vocab_tasks`` (household: 150), else ``DEFAULT_VOCAB_TASKS``."""
+    if requested < 0:
+        raise GraftError(f"tiny model: tasks per split for the vocabulary must be >= 0, got {requested}")
+    return requested if requested > 0 else int(getattr(env, "vocab_tasks", DEFAULT_VOCAB_TASKS))
+
+
+def vocabulary_progress(label: str) -> tuple[TaskHook, Callable[[], None]]:
+    """(hook, closer): a rich progress bar with ETA on stderr when it is a terminal, else nothing."""
+    if not sys.stderr.isatty():
+        return (lambda done, total: None), lambda: None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = bar.add_task(label, total=None)
+    bar.start()
+
+    def hook(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return hook, bar.stop
+
+
 def build_tiny_model(
     out: str | Path,
     env: Environment,
     *,
     seed: int = 0,
     spec: TinySpec = TinySpec(),
-    tasks_per_split: int = 150,
+    tasks_per_split: int = 0,
     prompt_fn: PromptFn | None = None,
     info: dict[str, Any] | None = None,
+    on_task: TaskHook | None = None,
 ) -> Path:
-    """Build the tiny model for ``env`` into directory ``out`` (atomically: complete or absent)."""
+    """Build the tiny model for ``env`` into directory ``out`` (atomically: complete or absent).
+
+    ``tasks_per_split``: see ``vocab_tasks_for`` (0 = the environment's default). ``on_task``
+    follows the vocabulary collection (default: a progress bar on a terminal).
+    """
     spec.check()
+    tasks_per_split = vocab_tasks_for(env, tasks_per_split)
     out = Path(out)
-    texts = list(dict.fromkeys(environment_texts(env, tasks_per_split=tasks_per_split, prompt_fn=prompt_fn)))
+    close: Callable[[], None] = lambda: None  # noqa: E731
+    if on_task is None:
+        name = getattr(env, "name", "environment")
+        on_task, close = vocabulary_progress(f"tiny model: playing {name} tasks for the vocabulary")
+    try:
+        texts = list(
+            dict.fromkeys(
+                environment_texts(env, tasks_per_split=tasks_per_split, prompt_fn=prompt_fn, on_task=on_task)
+            )
+        )
+    finally:
+        close()
     if not texts:
         raise GraftError(
             f"environment '{getattr(env, 'name', env)}' produced no text to build a tokenizer from"

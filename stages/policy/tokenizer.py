@@ -1,4 +1,4 @@
-"""Word-level tokenizer for the tiny policy, trained with the ``tokenizers`` library.
+"""The tiny policy's tokenizer: a byte-level BPE (one token per word it saw), trained with ``tokenizers``.
 
 The tokenizer is a byte-level BPE with Qwen2's normalizer (NFC), pre-tokenizer (Qwen2's split regex
 followed by ``ByteLevel``) and decoder, trained with an unbounded vocabulary on the environment's
@@ -15,6 +15,7 @@ encodes through the 256 byte symbols. Two traps this layout avoids (SPEC §6):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -81,3 +82,24 @@ def build_word_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+def vocabulary_misses(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str]) -> set[str]:
+    """The words of ``texts`` that are not one token of ``tokenizer`` (they encode as several bytes).
+
+    A word is a piece of the tokenizer's own pre-tokenization (Qwen2's split regex) of the text
+    between added tokens (the prompt tags are one token each, whatever the vocabulary).
+    """
+    backend = tokenizer.backend_tokenizer
+    vocab = backend.get_vocab(with_added_tokens=False)
+    added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
+    splitter = re.compile("|".join(re.escape(a) for a in added)) if added else None
+    misses: set[str] = set()
+    for text in texts:
+        segments = splitter.split(text) if splitter is not None else [text]
+        for segment in segments:
+            normalized = backend.normalizer.normalize_str(segment) if backend.normalizer else segment
+            for piece, _ in backend.pre_tokenizer.pre_tokenize_str(normalized):
+                if piece not in vocab:
+                    misses.add(piece)
+    return misses

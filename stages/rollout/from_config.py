@@ -85,7 +85,14 @@ def build_tiny_for_config(out: Path, config: Config) -> Path:
         hidden=config.model.tiny_hidden, layers=config.model.tiny_layers, heads=config.model.tiny_heads
     )
     info = {"env": config.env.name, "env_options": dict(config.env.options)}
-    return build_tiny_model(out, make_environment(config), seed=config.run.seed, spec=spec, info=info)
+    return build_tiny_model(
+        out,
+        make_environment(config),
+        seed=config.run.seed,
+        spec=spec,
+        tasks_per_split=config.model.tiny_vocab_tasks,
+        info=info,
+    )
 
 
 def policy_for_iteration(run: Run, iteration: int, config: Config) -> tuple[Path, str]:

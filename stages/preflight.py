@@ -1,0 +1,34 @@
+"""What a ``graft loop`` start checks before it writes anything into the run directory.
+
+A start that would fail in its first seconds (model directory missing, vLLM not installed, no CUDA
+device, environment data or package missing) is refused with one line and leaves no ``config.toml``
+behind, so fixing the config needs no ``--force``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from schemas.config import Config
+from schemas.errors import GraftError
+
+
+def check_startable(config: Config) -> None:
+    """Raise a GraftError naming the first setting of ``config`` that cannot work on this machine."""
+    from stages.policy.models import check_model_dir, resolve_device
+    from stages.rollout.from_config import make_environment
+
+    if config.model.path:
+        try:
+            check_model_dir(config.model.path)
+        except GraftError as exc:
+            raise GraftError(
+                f'model.path: {exc} (model.path = "" builds the tiny model; configs/cpu/ has CPU presets)'
+            ) from None
+    if config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise GraftError(
+            "rollout.engine = 'vllm' but vllm is not installed (pip install 'graft[vllm]' on a GPU machine; "
+            "on CPU use rollout.engine = 'hf', e.g. a preset in configs/cpu/)"
+        )
+    resolve_device(config.run.device)
+    make_environment(config)  # checks the environment's options, data root and packages
