@@ -479,3 +479,61 @@ def test_cli_update_writes_checkpoint_and_table(tmp_path):
     assert "update iter 0:" in result.output
     assert run.stage_complete("update", 0)
     assert _table(run)[(-1, -1, "steps")] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# work the update no longer repeats (issue 11 item 4): equal results
+
+
+def test_pruned_last_layer_gives_the_same_update(tmp_path, monkeypatch):
+    """The last decoder layer run at the scored positions only (stages/update/last_layer.py) leaves the
+    losses of every step equal to 1e-6 and the trained weights equal to float rounding."""
+    from stages.update import logprobs, run_update
+
+    tables, weights = {}, {}
+    for prune in (False, True):
+        monkeypatch.setattr(logprobs.SelectedLogits, "prune_last_layer", prune)
+        run, config = make_run(tmp_path / str(prune), "mixed")
+        run_update(run, 0, config)
+        tables[prune], weights[prune] = _table(run), _weights(run.checkpoint_dir(0))
+    losses = [k for k in tables[False] if k[2] in ("loss", "policy_loss", "kl") and k[0] >= 0]
+    assert len(losses) == 18  # 6 steps x 3
+    for key in losses:
+        assert tables[True][key] == pytest.approx(tables[False][key], abs=1e-6), key
+    for k in weights[False]:
+        torch.testing.assert_close(weights[True][k], weights[False][k], atol=1e-5, rtol=1e-5)
+
+
+def test_iteration_zero_takes_the_reference_from_the_old_pass(tmp_path, monkeypatch):
+    """In iteration 0 the trained policy is the reference: no second pass, and the cached reference
+    log-probs equal a reference pass to 1e-6. Later iterations run the reference pass."""
+    import stages.update.runner as runner
+    from stages.update.batching import build_update_rows, join_steps_advantages
+    from stages.update.distributed import DistContext
+
+    run, config = make_run(tmp_path, "mixed")
+    real = runner.compute_reference
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "compute_reference", counted)
+    runner.run_update(run, 0, config)
+    assert calls == []
+    cached = run.read(0, "reflogprobs")["ref_logprobs"].to_list()
+    tok = make_tokenizer()
+    rows = build_update_rows(
+        join_steps_advantages(run.read(0, "steps"), run.read(0, "advantages")),
+        lambda texts: [tok.encode(t, add_special_tokens=False) for t in texts],
+    )
+    expected = real(run.initial_model_dir, rows, config, DistContext(), 1.0)
+    assert len(cached) == rows.n
+    for got, want in zip(cached, expected, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-6, rtol=0)
+
+    for table in ("steps", "advantages"):
+        write_table(run.read(0, table), table, run.table_path(1, table))
+    runner.run_update(run, 1, config)
+    assert calls == [1]
