@@ -336,6 +336,34 @@ def test_pack_microbatches_respects_the_token_budget(lengths, budget):
         assert np.all(is_choice[b.rows] == b.choice)
 
 
+def _all_splits(n: int):
+    """Every split of range(n) into consecutive non-empty chunks, as lists of chunk starts + [n]."""
+    for mask in range(2 ** max(n - 1, 0)):
+        yield [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=9), st.integers(1, 300), st.integers(0, 100))
+def test_split_sorted_is_the_cheapest_split_within_the_budget(lengths, budget, overhead):
+    """Brute force over all splits: same minimal cost (padded tokens + overhead per chunk), and the
+    returned split is one of the allowed ones."""
+    from stages.update.batching import split_sorted
+
+    desc = np.sort(np.asarray(lengths))[::-1]
+
+    def allowed(starts):
+        return all(
+            b - a == 1 or (b - a) * desc[a] <= budget for a, b in zip(starts[:-1], starts[1:], strict=True)
+        )
+
+    def cost(starts):
+        return sum((b - a) * desc[a] + overhead for a, b in zip(starts[:-1], starts[1:], strict=True))
+
+    got = split_sorted(desc, budget, overhead)
+    assert allowed(got)
+    assert cost(got) == min(cost(s) for s in _all_splits(desc.size) if allowed(s))
+
+
 # ---------------------------------------------------------------------------------------------
 # checkpoints
 
