@@ -20,6 +20,7 @@ are printed side by side (equal to float rounding). Reported: seconds per iterat
 optimizer rows/s and tokens/s (prompt + response/choice tokens through forward + backward).
 
     python bench/update_bench.py [--modes choose token generate] [--response-tokens 64] [--repeats 2]
+    PYTHONPATH=OLD_CHECKOUT python bench/update_bench.py --after-only   # the same batches, older code
 """
 
 from __future__ import annotations
@@ -167,7 +168,13 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["choose", "token", "generate"])
     parser.add_argument("--response-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--after-only",
+        action="store_true",
+        help="time only the current forward (e.g. with PYTHONPATH at an older checkout: its numbers)",
+    )
     args = parser.parse_args()
+    variants = (True,) if args.after_only else (False, True)
     torch.set_num_threads(1)
     from stages.rollout import build_tiny_for_config
 
@@ -194,11 +201,11 @@ def main() -> None:
             steps, adv = synthetic_iteration(tokenizer, mode, args.response_tokens)
             best: dict[bool, dict] = {}
             for r in range(args.repeats):
-                for prune in (False, True):  # interleaved, best of repeats
+                for prune in variants:  # interleaved, best of repeats
                     res = one_update(tmp_path / f"{mode}-{r}-{prune}", model_dir, steps, adv, prune)
                     if prune not in best or res["wall"] < best[prune]["wall"]:
                         best[prune] = res
-            before, after = best[False], best[True]
+            before, after = best.get(False, best[True]), best[True]
             old = "stored" if after["stored"] else f"{before['old_s']:.1f} → {after['old_s']:.1f}"
             print(
                 f"| {mode} | {after['rows']:.0f} | {before['wall']:.1f} → {after['wall']:.1f} | "

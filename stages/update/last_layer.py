@@ -123,7 +123,10 @@ def selected_final_hidden(
     else:
         q_mask = mask.expand(b_n, -1, -1, -1)[rows, :, q_pos].transpose(1, 2)  # (B, 1, S, L)
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)
-    out, _ = interface(attn, query, key, value, q_mask, dropout=0.0, scaling=attn.scaling, is_causal=False)
+    dropout = attn.attention_dropout if attn.training else 0.0
+    out, _ = interface(
+        attn, query, key, value, q_mask, dropout=dropout, scaling=attn.scaling, is_causal=False
+    )
     out = attn.o_proj(out.reshape(b_n, width, -1).contiguous())
     y = hidden[rows, q_pos] + out
     y = y + last.mlp(last.post_attention_layernorm(y))
