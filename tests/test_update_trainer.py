@@ -565,3 +565,41 @@ def test_iteration_zero_takes_the_reference_from_the_old_pass(tmp_path, monkeypa
         write_table(run.read(0, table), table, run.table_path(1, table))
     runner.run_update(run, 1, config)
     assert calls == [1]
+
+
+def test_no_grad_passes_score_identical_rows_once(monkeypatch):
+    """Repeated (prompt, response[, choices]) rows are scored once and get the same log-probs as when
+    every row is scored (to 1e-6); rows that differ only in their choices are not merged."""
+    import stages.update.trainer as trainer
+    from stages.update.distributed import DistContext
+
+    model = tiny_qwen2(seed=3)
+    p1, p2 = [5, 6, 7, 8, 9], [10, 11, 12]
+    r1, r2 = [20, 21], [22]
+    c_a, c_b = [[20, 21], [22], [23, 24]], [[20, 21], [25]]
+    prompts = [p1, p2, p1, p1, p2, p1]
+    responses = [r1, r2, r1, r1, r2, r1]
+    choices = [c_a, [[22], [26]], c_a, c_b, [[22], [26]], c_a]
+    rows = _rows_for(prompts, responses, np.zeros(6), choices)
+    scored: list[int] = []
+    real_score = trainer.score_microbatch
+
+    def counting(model, rows, mb, *args, **kwargs):
+        scored.extend(mb.rows.tolist())
+        return real_score(model, rows, mb, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "score_microbatch", counting)
+    ctx = DistContext()
+    got = trainer.score_all_rows(model, rows, 0.8, 4096, ctx)
+    assert sorted(scored) == [0, 1, 3]  # rows 2, 5 repeat row 0; row 4 repeats row 1; row 3: other choices
+    scored.clear()
+    got_tokens = trainer.score_all_rows(model, rows, 0.8, 4096, ctx, as_tokens=True)
+    assert sorted(scored) == [0, 1]  # the reference pass reads prompt + response only
+
+    monkeypatch.setattr(trainer, "distinct_rows", lambda rows, indices, as_tokens: (indices, {}))
+    every = trainer.score_all_rows(model, rows, 0.8, 4096, ctx)
+    every_tokens = trainer.score_all_rows(model, rows, 0.8, 4096, ctx, as_tokens=True)
+    np.testing.assert_allclose(got.choice, every.choice, atol=1e-6, rtol=0)
+    for a, b in zip(got.tokens + got_tokens.tokens, every.tokens + every_tokens.tokens, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert got.choice[3] != pytest.approx(got.choice[0])  # same response, other choices: other pi(a|s)
