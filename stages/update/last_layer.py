@@ -121,7 +121,7 @@ def selected_final_hidden(
         keys = torch.arange(length, device=hidden.device)
         q_mask = (keys.view(1, 1, 1, length) <= q_pos.view(b_n, 1, width, 1)).contiguous()
     else:
-        q_mask = mask.expand(b_n, -1, -1, -1)[rows, :, q_pos].transpose(1, 2)  # (B, 1, S, L)
+        q_mask = mask.expand(b_n, -1, -1, -1)[rows, :, q_pos].transpose(1, 2).contiguous()  # (B, 1, S, L)
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)
     dropout = attn.attention_dropout if attn.training else 0.0
     out, _ = interface(
