@@ -1,24 +1,34 @@
 """Update-stage throughput on CPU at quickstart size (BENCHMARKS.md "Update throughput (CPU)").
 
 One ``run_update`` (the whole stage: reference pass, old-policy pass, optimizer steps, checkpoint)
-on a synthetic iteration of 16 groups x 8 rollouts x 8 steps = 1024 rows with ~300-token prompts,
-for the quickstart's tiny model (household tokenizer, hidden 64, 2 layers), one torch thread:
+on a synthetic iteration of 16 groups x 8 rollouts x 8 steps = 1024 rows, for the quickstart's tiny
+model (household tokenizer, hidden 64, 2 layers), one torch thread:
 
-* ``choose`` rows: 10 admissible actions of 2-4 words each, the response is one of them;
-* ``token`` rows: a generated response of ``--response-tokens`` tokens (no choices).
+* ``choose`` rows: ~300-token prompts, 10 admissible actions of 2-4 words each, the response is one;
+* ``token`` rows: ~300-token prompts, a generated response of ``--response-tokens`` tokens;
+* ``generate`` rows: the generate-mode shape measured on a quickstart rollout in generate mode
+  (prompts of 180-340 tokens, responses of 10-40 tokens: ``<think>...</think><action>...</action>``
+  cut at ``max_new_tokens = 40``) with the behaviour log-probs the hf engine stores, so the
+  old-policy pass is skipped (``update.old_logprobs = auto``).
 
-Update settings are configs/quickstart.toml's (lr, minibatch 64, epochs) with beta = 0.01, so the
-reference pass is included. Reported: seconds per iteration, rows/s and tokens/s of the optimizer
-steps (prompt + response/choice tokens through forward + backward), the phase split, and -- as a
-ratio in the same run -- the optimizer steps with logits at the scored positions only
-(``SelectedLogits``) against logits at every position.
+The update runs in iteration 1 (a typical iteration: the trained policy is a checkpoint, not the
+reference, so the reference pass runs), with configs/quickstart.toml's update settings (lr,
+minibatch 64, 1 epoch) and beta = 0.01. Each mode is timed before / after -- the last decoder layer
+at every position (``SelectedLogits.prune_last_layer = False``, the forward before issue 11) or at
+the scored positions only -- interleaved in one process, best of ``--repeats``; the losses of the two
+are printed side by side (equal to float rounding). Reported: CPU seconds of the process per
+iteration (one torch thread: robust to other processes sharing the cores, unlike wall time), wall
+seconds, the phase split (wall), optimizer rows/s and tokens/s (prompt + response/choice tokens
+through forward + backward).
 
-    python bench/update_bench.py [--response-tokens 64] [--repeats 2]
+    python bench/update_bench.py [--modes choose token generate] [--response-tokens 64] [--repeats 2]
+    PYTHONPATH=OLD_CHECKOUT python bench/update_bench.py --after-only   # the same batches, older code
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -31,23 +41,27 @@ from schemas import write_table
 from schemas.config import load_config
 from schemas.rundir import create_run
 from stages.update import logprobs as update_logprobs
+from stages.update.checkpoint import load_model, save_checkpoint
 from stages.update.runner import run_update
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS, ROLLOUTS, STEPS = 16, 8, 8
+POLICY_VERSION = "iter_0000"  # the checkpoint that acts (and is trained) in iteration 1
 
 
 def synthetic_iteration(tokenizer, mode: str, response_tokens: int, seed: int = 0):
-    """Steps + advantages of one iteration: prompts of ~300 random vocabulary tokens."""
+    """Steps + advantages of one iteration of random vocabulary tokens (see the module docstring)."""
     rng = np.random.default_rng(seed)
     words = [w for w, i in tokenizer.get_vocab().items() if i >= 10 and w.isalpha()]
     vocab_ids = np.array([tokenizer.convert_tokens_to_ids(w) for w in words])
+    uniform = -float(np.log(len(tokenizer)))
     rows, adv = [], []
     for g in range(GROUPS):
         for t in range(ROLLOUTS):
             for s in range(STEPS):
-                prompt_ids = rng.choice(vocab_ids, size=int(rng.integers(270, 330))).tolist()
-                choices = None
+                low, high = (180, 341) if mode == "generate" else (270, 330)
+                prompt_ids = rng.choice(vocab_ids, size=int(rng.integers(low, high))).tolist()
+                choices, stored = None, None
                 if mode == "choose":
                     choices = list(
                         dict.fromkeys(
@@ -57,11 +71,14 @@ def synthetic_iteration(tokenizer, mode: str, response_tokens: int, seed: int = 
                     response = choices[int(rng.integers(len(choices)))]
                     response_ids = tokenizer.encode(response, add_special_tokens=False)
                 else:
-                    response_ids = rng.choice(vocab_ids, size=response_tokens).tolist()
+                    n_resp = int(rng.integers(10, 41)) if mode == "generate" else response_tokens
+                    response_ids = rng.choice(vocab_ids, size=n_resp).tolist()
                     response = tokenizer.decode(response_ids)
+                    if mode == "generate":  # stored by the hf engine; the random model is ~uniform
+                        stored = (uniform + rng.normal(0.0, 0.05, size=n_resp)).tolist()
                 rows.append(
                     {
-                        "iter": 0,
+                        "iter": 1,
                         "group_id": f"g{g}",
                         "task_id": f"task{g}",
                         "task_type": "",
@@ -81,9 +98,9 @@ def synthetic_iteration(tokenizer, mode: str, response_tokens: int, seed: int = 
                         "response": response,
                         "prompt_ids": prompt_ids,
                         "response_ids": response_ids,
-                        "response_logprobs": None,
+                        "response_logprobs": stored,
                         "choices": choices,
-                        "policy_version": "initial",
+                        "policy_version": POLICY_VERSION,
                         "error": None,
                     }
                 )
@@ -107,47 +124,61 @@ def synthetic_iteration(tokenizer, mode: str, response_tokens: int, seed: int = 
     return steps, advantages
 
 
-def one_update(
-    root: Path, model_dir: Path, steps: pl.DataFrame, adv: pl.DataFrame, full_logits: bool
-) -> dict:
+def one_update(root: Path, model_dir: Path, steps: pl.DataFrame, adv: pl.DataFrame, prune: bool) -> dict:
+    """``run_update`` of iteration 1 (policy = a checkpoint of the model, reference = the model)."""
     config = load_config(
         REPO / "configs" / "quickstart.toml", ["update.beta=0.01", f'model.path="{model_dir}"']
     )
     run = create_run(root, config)
-    write_table(steps, "steps", run.table_path(0, "steps"))
-    write_table(adv, "advantages", run.table_path(0, "advantages"))
-    update_logprobs.SelectedLogits.full_logits = full_logits
-    started = time.perf_counter()
-    run_update(run, 0, config)
-    wall = time.perf_counter() - started
-    update_logprobs.SelectedLogits.full_logits = False
-    summary = run.read(0, "update").filter(pl.col("epoch") == -1)
+    model = load_model(model_dir)
+    save_checkpoint(run.checkpoint_dir(0), model, load_tokenizer(model_dir), {"iteration": 0})
+    write_table(steps, "steps", run.table_path(1, "steps"))
+    write_table(adv, "advantages", run.table_path(1, "advantages"))
+    update_logprobs.SelectedLogits.prune_last_layer = prune
+    started, cpu_started = time.perf_counter(), time.process_time()
+    run_update(run, 1, config)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    update_logprobs.SelectedLogits.prune_last_layer = True
+    table = run.read(1, "update")
+    summary = table.filter(pl.col("epoch") == -1)
     values = dict(zip(summary["name"].to_list(), summary["value"].to_list(), strict=True))
-    train_seconds = sum(
-        run.read(0, "update")
-        .filter((pl.col("epoch") >= 0) & (pl.col("name") == "seconds"))["value"]
-        .to_list()
-    )
+    per_step = table.filter(pl.col("epoch") >= 0)
+    train_s = sum(per_step.filter(pl.col("name") == "seconds")["value"].to_list())
     return {
         "wall": wall,
-        "train_s": train_seconds,
+        "cpu": cpu,
+        "train_s": train_s,
+        "losses": per_step.filter(pl.col("name") == "loss")["value"].to_numpy(),
         "ref_s": values["ref_seconds"],
         "old_s": values["old_seconds"],
+        "stored": values["old_logprobs_stored"],
         "tokens_per_s": values["tokens_per_s"],
-        "rows_per_s": values["rows"] * config.update.epochs / train_seconds,
+        "rows_per_s": values["rows"] * config.update.epochs / train_s,
         "rows": values["rows"],
     }
+
+
+def load_tokenizer(model_dir: Path):
+    from stages.policy.models import load_tokenizer as load
+
+    return load(model_dir)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--modes", nargs="+", default=["choose", "token", "generate"])
     parser.add_argument("--response-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--after-only",
+        action="store_true",
+        help="time only the current forward (e.g. with PYTHONPATH at an older checkout: its numbers)",
+    )
     args = parser.parse_args()
+    variants = (True,) if args.after_only else (False, True)
     torch.set_num_threads(1)
-    from stages.policy.models import load_tokenizer
     from stages.rollout import build_tiny_for_config
 
     config = load_config(REPO / "configs" / "quickstart.toml")
@@ -160,29 +191,34 @@ def main() -> None:
         n_params = sum(t.numel() for t in load_file(str(model_dir / "model.safetensors")).values())
         print(
             f"tiny model: hidden {config.model.tiny_hidden}, layers {config.model.tiny_layers}, "
-            f"vocab {len(tokenizer)}, {n_params} parameters; {GROUPS}x{ROLLOUTS}x{STEPS} rows; lr {config.update.lr}, "
-            f"minibatch {config.update.minibatch_size}, epochs {config.update.epochs}, beta 0.01"
+            f"vocab {len(tokenizer)}, {n_params} parameters; {GROUPS}x{ROLLOUTS}x{STEPS} rows; "
+            f"lr {config.update.lr}, minibatch {config.update.minibatch_size}, "
+            f"epochs {config.update.epochs}, beta 0.01; load average {os.getloadavg()[0]:.1f}"
         )
         print(
-            "| mode | rows | s / iteration | optimizer rows/s | optimizer tokens/s | ref s | old s | steps s | "
-            "full-logits steps s | selected speed-up |"
+            "| mode | rows | CPU s / iteration before → after | speed-up | wall s | ref pass s | old pass s | "
+            "optimizer steps s | optimizer rows/s after | optimizer tokens/s after | max loss difference |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for mode in ("choose", "token"):
+        print("|---|---:|---|---:|---|---|---|---|---:|---:|---:|")
+        for mode in args.modes:
             steps, adv = synthetic_iteration(tokenizer, mode, args.response_tokens)
-            best: dict[str, dict] = {}
+            best: dict[bool, dict] = {}
             for r in range(args.repeats):
-                for full in (False, True):  # interleaved, best of repeats
-                    res = one_update(tmp_path / f"{mode}-{r}-{full}", model_dir, steps, adv, full)
-                    key = "full" if full else "sel"
-                    if key not in best or res["wall"] < best[key]["wall"]:
-                        best[key] = res
-            sel, full = best["sel"], best["full"]
+                for prune in variants:  # interleaved, best of repeats
+                    res = one_update(tmp_path / f"{mode}-{r}-{prune}", model_dir, steps, adv, prune)
+                    if prune not in best or res["cpu"] < best[prune]["cpu"]:
+                        best[prune] = res
+            before, after = best.get(False, best[True]), best[True]
+            old = "stored" if after["stored"] else f"{before['old_s']:.1f} → {after['old_s']:.1f}"
             print(
-                f"| {mode} | {sel['rows']:.0f} | {sel['wall']:.1f} | {sel['rows_per_s']:.0f} | "
-                f"{sel['tokens_per_s'] / 1000:.1f}k | {sel['ref_s']:.1f} | {sel['old_s']:.1f} | "
-                f"{sel['train_s']:.1f} | {full['train_s']:.1f} | {full['train_s'] / sel['train_s']:.2f}x |"
+                f"| {mode} | {after['rows']:.0f} | {before['cpu']:.1f} → {after['cpu']:.1f} | "
+                f"{before['cpu'] / after['cpu']:.2f}× | {before['wall']:.1f} → {after['wall']:.1f} | "
+                f"{before['ref_s']:.1f} → {after['ref_s']:.1f} | "
+                f"{old} | {before['train_s']:.1f} → {after['train_s']:.1f} | {after['rows_per_s']:.0f} | "
+                f"{after['tokens_per_s'] / 1000:.1f}k | "
+                f"{np.abs(before['losses'] - after['losses']).max():.1e} |"
             )
+        print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,7 @@ from schemas.config import load_config
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "configs" / "cpu").glob("*.toml"))
 # the configs written for a GPU (a real model through vLLM); the CPU ones need no preset
-GPU_CONFIGS = {
-    p.stem for p in (ROOT / "configs").glob("*.toml") if load_config(p).rollout.engine == "vllm"
-}
+GPU_CONFIGS = {p.stem for p in (ROOT / "configs").glob("*.toml") if load_config(p).rollout.engine == "vllm"}
 ALFWORLD_DATA = Path(
     os.environ.get("ALFWORLD_DATA") or ROOT / ".." / "shared" / "data" / "alfworld"
 ).resolve()

@@ -337,6 +337,34 @@ def test_pack_microbatches_respects_the_token_budget(lengths, budget):
         assert np.all(is_choice[b.rows] == b.choice)
 
 
+def _all_splits(n: int):
+    """Every split of range(n) into consecutive non-empty chunks, as lists of chunk starts + [n]."""
+    for mask in range(2 ** max(n - 1, 0)):
+        yield [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=9), st.integers(1, 300), st.integers(0, 100))
+def test_split_sorted_is_the_cheapest_split_within_the_budget(lengths, budget, overhead):
+    """Brute force over all splits: same minimal cost (padded tokens + overhead per chunk), and the
+    returned split is one of the allowed ones."""
+    from stages.update.batching import split_sorted
+
+    desc = np.sort(np.asarray(lengths))[::-1]
+
+    def allowed(starts):
+        return all(
+            b - a == 1 or (b - a) * desc[a] <= budget for a, b in zip(starts[:-1], starts[1:], strict=True)
+        )
+
+    def cost(starts):
+        return sum((b - a) * desc[a] + overhead for a, b in zip(starts[:-1], starts[1:], strict=True))
+
+    got = split_sorted(desc, budget, overhead)
+    assert allowed(got)
+    assert cost(got) == min(cost(s) for s in _all_splits(desc.size) if allowed(s))
+
+
 # ---------------------------------------------------------------------------------------------
 # checkpoints
 
@@ -519,3 +547,99 @@ def test_check_finite_step_passes_finite_values():
     for loss, norm in ((math.nan, 1.0), (1.0, math.inf), (-math.inf, 0.0)):
         with pytest.raises(GraftError, match="non-finite"):
             check_finite_step(1, 2, loss, norm)
+
+
+# ---------------------------------------------------------------------------------------------
+# work the update no longer repeats (issue 11 item 4): equal results
+
+
+def test_pruned_last_layer_gives_the_same_update(tmp_path, monkeypatch):
+    """The last decoder layer run at the scored positions only (stages/update/last_layer.py) leaves the
+    losses of every step equal to 1e-6 and the trained weights equal to float rounding."""
+    from stages.update import logprobs, run_update
+
+    tables, weights = {}, {}
+    for prune in (False, True):
+        monkeypatch.setattr(logprobs.SelectedLogits, "prune_last_layer", prune)
+        run, config = make_run(tmp_path / str(prune), "mixed")
+        run_update(run, 0, config)
+        tables[prune], weights[prune] = _table(run), _weights(run.checkpoint_dir(0))
+    losses = [k for k in tables[False] if k[2] in ("loss", "policy_loss", "kl") and k[0] >= 0]
+    assert len(losses) == 18  # 6 steps x 3
+    for key in losses:
+        assert tables[True][key] == pytest.approx(tables[False][key], abs=1e-6), key
+    for k in weights[False]:
+        torch.testing.assert_close(weights[True][k], weights[False][k], atol=1e-5, rtol=1e-5)
+
+
+def test_iteration_zero_takes_the_reference_from_the_old_pass(tmp_path, monkeypatch):
+    """In iteration 0 the trained policy is the reference: no second pass, and the cached reference
+    log-probs equal a reference pass to 1e-6. Later iterations run the reference pass."""
+    import stages.update.runner as runner
+    from stages.update.batching import build_update_rows, join_steps_advantages
+    from stages.update.distributed import DistContext
+
+    run, config = make_run(tmp_path, "mixed")
+    real = runner.compute_reference
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "compute_reference", counted)
+    runner.run_update(run, 0, config)
+    assert calls == []
+    cached = run.read(0, "reflogprobs")["ref_logprobs"].to_list()
+    tok = make_tokenizer()
+    rows = build_update_rows(
+        join_steps_advantages(run.read(0, "steps"), run.read(0, "advantages")),
+        lambda texts: [tok.encode(t, add_special_tokens=False) for t in texts],
+    )
+    expected = real(run.initial_model_dir, rows, config, DistContext(), 1.0)
+    assert len(cached) == rows.n
+    for got, want in zip(cached, expected, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-6, rtol=0)
+
+    for table in ("steps", "advantages"):
+        write_table(run.read(0, table), table, run.table_path(1, table))
+    runner.run_update(run, 1, config)
+    assert calls == [1]
+
+
+def test_no_grad_passes_score_identical_rows_once(monkeypatch):
+    """Repeated (prompt, response[, choices]) rows are scored once and get the same log-probs as when
+    every row is scored (to 1e-6); rows that differ only in their choices are not merged."""
+    import stages.update.trainer as trainer
+    from stages.update.distributed import DistContext
+
+    model = tiny_qwen2(seed=3)
+    p1, p2 = [5, 6, 7, 8, 9], [10, 11, 12]
+    r1, r2 = [20, 21], [22]
+    c_a, c_b = [[20, 21], [22], [23, 24]], [[20, 21], [25]]
+    prompts = [p1, p2, p1, p1, p2, p1]
+    responses = [r1, r2, r1, r1, r2, r1]
+    choices = [c_a, [[22], [26]], c_a, c_b, [[22], [26]], c_a]
+    rows = _rows_for(prompts, responses, np.zeros(6), choices)
+    scored: list[int] = []
+    real_score = trainer.score_microbatch
+
+    def counting(model, rows, mb, *args, **kwargs):
+        scored.extend(mb.rows.tolist())
+        return real_score(model, rows, mb, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "score_microbatch", counting)
+    ctx = DistContext()
+    got = trainer.score_all_rows(model, rows, 0.8, 4096, ctx)
+    assert sorted(scored) == [0, 1, 3]  # rows 2, 5 repeat row 0; row 4 repeats row 1; row 3: other choices
+    scored.clear()
+    got_tokens = trainer.score_all_rows(model, rows, 0.8, 4096, ctx, as_tokens=True)
+    assert sorted(scored) == [0, 1]  # the reference pass reads prompt + response only
+
+    monkeypatch.setattr(trainer, "distinct_rows", lambda rows, indices, as_tokens: (indices, {}))
+    every = trainer.score_all_rows(model, rows, 0.8, 4096, ctx)
+    every_tokens = trainer.score_all_rows(model, rows, 0.8, 4096, ctx, as_tokens=True)
+    np.testing.assert_allclose(got.choice, every.choice, atol=1e-6, rtol=0)
+    for a, b in zip(got.tokens + got_tokens.tokens, every.tokens + every_tokens.tokens, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    assert got.choice[3] != pytest.approx(got.choice[0])  # same response, other choices: other pi(a|s)

@@ -9,8 +9,9 @@ Pure functions over polars tables and numpy arrays; nothing here touches a model
   and the index of the chosen one (the choice whose ids equal ``response_ids``).
 * ``minibatch_schedule``: a seeded permutation per epoch, cut into minibatches of
   ``minibatch_size`` rows (the last one may be smaller); one optimizer step per minibatch.
-* ``pack_microbatches``: rows of one kind (token / choice) sorted by padded length and packed so that
-  ``rows x longest sequence <= max_tokens_per_batch`` (a single longer row gets a micro-batch of its own).
+* ``pack_microbatches``: rows of one kind (token / choice) sorted by padded length and cut into
+  consecutive micro-batches with ``rows x longest sequence <= max_tokens_per_batch`` (a single longer
+  row gets a micro-batch of its own), choosing the cut with the least padding plus a per-pass cost.
 """
 
 from __future__ import annotations
@@ -204,11 +205,51 @@ class MicroBatch:
     choice: bool
 
 
+def split_sorted(lengths: np.ndarray, max_tokens: int, overhead: int) -> list[int]:
+    """Cut points of the cheapest split of rows sorted by length (descending) into consecutive chunks.
+
+    A chunk ``[i, j)`` costs its padded size plus a fixed per-forward cost, ``(j - i) * lengths[i] +
+    overhead``, and must satisfy ``(j - i) * lengths[i] <= max_tokens`` (a single longer row is
+    allowed). Dynamic programming over the end of the first chunk: ``best[i] = min_j cost(i, j) +
+    best[j]``, ``best[n] = 0``. Returns the chunk starts followed by n.
+    """
+    n = lengths.size
+    lengths = np.maximum(lengths.astype(np.int64), 1)
+    best = np.zeros(n + 1, dtype=np.float64)
+    cut = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        fit = max(1, max_tokens // int(lengths[i]))
+        ends = np.arange(i + 1, min(n, i + fit) + 1)
+        costs = (ends - i) * float(lengths[i]) + overhead + best[ends]
+        k = int(np.argmin(costs))
+        best[i], cut[i] = costs[k], ends[k]
+    starts = [0]
+    while starts[-1] < n:
+        starts.append(int(cut[starts[-1]]))
+    return starts
+
+
+# A forward + backward pass costs about this many padded tokens of work beyond its tokens (call
+# overhead, small-batch kernels): measured on the tiny model, CPU, one thread (BENCHMARKS.md "Update
+# throughput"). It keeps the padding-minimal split from cutting a minibatch into many tiny passes.
+MICROBATCH_OVERHEAD_TOKENS = 512
+
+
 def pack_microbatches(
-    rows: Sequence[int] | np.ndarray, lengths: np.ndarray, is_choice: np.ndarray, max_tokens: int
+    rows: Sequence[int] | np.ndarray,
+    lengths: np.ndarray,
+    is_choice: np.ndarray,
+    max_tokens: int,
+    overhead: int = MICROBATCH_OVERHEAD_TOKENS,
 ) -> list[MicroBatch]:
-    """Pack ``rows`` into micro-batches of one kind each, longest first, with padded size
-    ``len(batch) * longest <= max_tokens`` (a row longer than ``max_tokens`` goes alone)."""
+    """Pack ``rows`` into micro-batches of one kind each, longest first, each with padded size
+    ``len(batch) * longest <= max_tokens`` (a row longer than ``max_tokens`` goes alone).
+
+    Among such splits of the length-sorted rows, the one with the least padded tokens plus
+    ``overhead`` per micro-batch (:func:`split_sorted`): a greedy fill to the budget would pad the
+    shorter rows of a full micro-batch to its longest (~17% of the tokens for prompts of 180-340
+    tokens).
+    """
     rows = np.asarray(rows, dtype=np.int64)
     out: list[MicroBatch] = []
     for kind in (False, True):
@@ -216,12 +257,8 @@ def pack_microbatches(
         if sel.size == 0:
             continue
         order = sel[np.argsort(-lengths[sel], kind="stable")]
-        start = 0
-        while start < order.size:
-            longest = int(lengths[order[start]])
-            fit = max(1, max_tokens // max(longest, 1))
-            out.append(MicroBatch(order[start : start + fit], kind))
-            start += fit
+        starts = split_sorted(lengths[order], max_tokens, overhead)
+        out.extend(MicroBatch(order[a:b], kind) for a, b in zip(starts[:-1], starts[1:], strict=True))
     return out
 
 

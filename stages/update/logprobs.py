@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from stages.update.last_layer import selected_final_hidden, supports_last_layer_pruning
+
 PAD_ID = 0  # any valid id: padded positions are masked out of attention and never selected
 
 
@@ -162,6 +164,7 @@ class SelectedLogits(torch.nn.Module):
     """
 
     full_logits = False  # True: always the full-logits path (the benchmark's comparison)
+    prune_last_layer = True  # False: run the last decoder layer at every position (the reference path)
 
     def __init__(self, lm: torch.nn.Module) -> None:
         super().__init__()
@@ -188,10 +191,16 @@ class SelectedLogits(torch.nn.Module):
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
             )
             return out.logits[sel_batch, sel_position]
-        hidden = lm.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        )[0]
-        return lm.get_output_embeddings()(hidden[sel_batch, sel_position])
+        if self.prune_last_layer and supports_last_layer_pruning(lm):
+            selected = selected_final_hidden(
+                lm, input_ids, attention_mask, position_ids, sel_batch, sel_position
+            )
+        else:
+            hidden = lm.get_decoder()(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            )[0]
+            selected = hidden[sel_batch, sel_position]
+        return lm.get_output_embeddings()(selected)
 
 
 def as_scorer(model: torch.nn.Module) -> torch.nn.Module:

@@ -7,7 +7,9 @@ the frozen initial model; writes ``metrics_update.parquet`` (table ``metrics``),
 commits ``checkpoints/iter_NNNN/``. The stage is complete when ``update.parquet`` and the checkpoint
 both exist.
 
-Reference log-probs are cached in ``iter_NNNN/reflogprobs.parquet`` (a resumed update reuses them).
+Reference log-probs (only when ``update.beta != 0``) are cached in ``iter_NNNN/reflogprobs.parquet``
+(a resumed update reuses them). In iteration 0 the policy being trained is the reference, so its old
+log-probs are stored as the reference log-probs instead of a second pass over the rows.
 Old (behaviour) log-probs: choose rows always recompute ``pi_old`` over their choices with the
 pre-update policy (only the chosen action's token log-probs are stored); token rows use the stored
 ``response_logprobs`` when the rollout engine is the training engine (``rollout.engine = "hf"``) and
@@ -115,15 +117,30 @@ def compute_reference(
 
 
 def reference_logprobs(
-    run: Run, iteration: int, rows: UpdateRows, config: Config, ctx: DistContext, temperature: float
+    run: Run,
+    iteration: int,
+    rows: UpdateRows,
+    config: Config,
+    ctx: DistContext,
+    temperature: float,
+    policy_scores: RowLogProbs | None = None,
 ) -> list[np.ndarray]:
-    """Cached reference log-probs of the iteration, computing and storing them on first use."""
+    """Cached reference log-probs of the iteration, computing and storing them on first use.
+
+    ``policy_scores``: the old log-probs of the policy being trained when that policy *is* the
+    reference (iteration 0): they are then the reference log-probs (both are log-probs of the same
+    tokens under the same weights -- token rows at the rollout temperature, choose rows the chosen
+    action's tokens at T = 1), so the reference pass is skipped.
+    """
     path = run.table_path(iteration, REFLOGPROBS_FILE)
     cached = read_cached_reference(path, rows) if ctx.is_main else None
     cached = ctx.broadcast_object(cached)
     if cached is not None:
         return cached
-    ref = compute_reference(reference_dir(run, config), rows, config, ctx, temperature)
+    if policy_scores is not None:
+        ref = list(policy_scores.tokens)
+    else:
+        ref = compute_reference(reference_dir(run, config), rows, config, ctx, temperature)
     if ctx.is_main:
         write_table(reference_table(rows, ref), REFLOGPROBS_FILE, path)
     ctx.barrier()
@@ -263,8 +280,12 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     temperature = effective_temperature(config)
     torch.manual_seed(int(update_rng(config.run.seed, iteration, "update-torch").integers(2**31)))
 
+    # the policy trained in iteration 0 is the reference: its old log-probs serve as both
+    is_reference = policy_path == reference_dir(run, config)
     t_ref = time.perf_counter()
-    ref = reference_logprobs(run, iteration, rows, config, ctx, temperature) if cfg.beta != 0.0 else None
+    ref = None
+    if cfg.beta != 0.0 and not is_reference:
+        ref = reference_logprobs(run, iteration, rows, config, ctx, temperature)
     ref_seconds = time.perf_counter() - t_ref
 
     model = load_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
@@ -285,6 +306,10 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     old = old_logprobs(model, rows, config, ctx, temperature, use_stored)
     old_seconds = time.perf_counter() - t_old
+    if cfg.beta != 0.0 and is_reference:
+        t_ref = time.perf_counter()
+        ref = reference_logprobs(run, iteration, rows, config, ctx, temperature, policy_scores=old)
+        ref_seconds = time.perf_counter() - t_ref
 
     global_step = 0
     if policy_path != reference_dir(run, config):

@@ -155,6 +155,7 @@ def score_all_rows(
     """Log-probs of every row (or of ``only`` rows) under ``model``, split across ranks and gathered
     on all of them. ``as_tokens``: the reference pass (token log-probs only, choose rows at T = 1)."""
     indices = np.arange(rows.n) if only is None else np.asarray(only, dtype=np.int64)
+    indices, copy_of = distinct_rows(rows, indices, as_tokens)
     mine, n_steps = _plans(rows, indices, ctx, max_tokens, as_tokens)
     local: dict[int, tuple[np.ndarray, float]] = {}
     for k in range(n_steps):
@@ -180,7 +181,35 @@ def score_all_rows(
     for i, (lp, c) in merged.items():
         tokens[i] = lp.astype(np.float32)
         choice_lp[i] = c
+    for i, first in copy_of.items():
+        tokens[i], choice_lp[i] = tokens[first], choice_lp[first]
     return RowLogProbs(tokens, choice_lp)
+
+
+def distinct_rows(
+    rows: UpdateRows, indices: np.ndarray, as_tokens: bool
+) -> tuple[np.ndarray, dict[int, int]]:
+    """The rows of ``indices`` that a no-grad pass must score, and {row: earlier identical row}.
+
+    Rows with the same prompt and response (and, unless ``as_tokens``, the same choices) have the same
+    log-probs under one model; group rollouts repeat them often (every rollout of a task starts from
+    the same prompt, and a policy that has learned a path repeats it).
+    """
+    first: dict[tuple[bytes, ...], int] = {}
+    keep: list[int] = []
+    copy_of: dict[int, int] = {}
+    for i in indices.tolist():
+        parts = [rows.prompt_ids[i].tobytes(), rows.response_ids[i].tobytes()]
+        choices = rows.choices[i]
+        if choices is not None and not as_tokens:
+            parts += [c.tobytes() for c in choices]
+        key = tuple(parts)
+        if key in first:
+            copy_of[i] = first[key]
+        else:
+            first[key] = i
+            keep.append(i)
+    return np.asarray(keep, dtype=np.int64), copy_of
 
 
 STEP_METRICS = (
