@@ -39,7 +39,9 @@ import polars as pl
 
 from schemas.errors import GraftError
 from stages.envs.base import Environment, Episode, Task
+from stages.envs.prompts import episode_prompt
 from stages.policy.sampling import derive_rng
+from stages.rollout.collect import STEPS_FRAME_SCHEMA
 
 EXPERT_VERSION = "expert"
 
@@ -59,19 +61,6 @@ def demo_response(style: str, action: str) -> str:
 
         return think + search_action_markup(action)
     return f"{think}<action>{action}</action>"
-
-
-def _prompt(env: Environment, episode: Episode, history_length: int, prompt_fn: Callable[..., str]) -> str:
-    obs = episode.current
-    return prompt_fn(
-        env.prompt_style,
-        task_text=obs.task_text,
-        observation=obs.text,
-        admissible=list(obs.admissible),
-        history=list(episode.history),
-        step_count=episode.turn,
-        history_length=history_length,
-    )
 
 
 def expert_demos(
@@ -96,14 +85,12 @@ def expert_demos(
         raise GraftError(f"demos: episodes must be >= 1, got {episodes}")
     if not 0.0 <= noise <= 1.0:
         raise GraftError(f"demos: noise must be in [0, 1], got {noise}")
-    if prompt_fn is None:
-        from stages.envs.prompts import build_prompt as prompt_fn
     style = env.prompt_style
     group_digits = max(2, len(str(len(tasks) - 1)))
     per_task = -(-episodes // len(tasks))
     rollout_digits = len(str(per_task - 1))
     version = EXPERT_VERSION if noise == 0 else f"{EXPERT_VERSION}+noise{noise:g}"
-    columns: dict[str, list[Any]] = {name: [] for name in DEMO_SCHEMA}
+    columns: dict[str, list[Any]] = {name: [] for name in DEMO_COLUMNS}
     for k in range(episodes):
         task_index, rollout = k % len(tasks), k // len(tasks)
         task = tasks[task_index]
@@ -113,7 +100,7 @@ def expert_demos(
         traj_id = f"{group_id}-r{rollout:0{rollout_digits}d}"
         rows: list[dict[str, Any]] = []
         while not episode.done:
-            prompt = _prompt(env, episode, history_length, prompt_fn)
+            prompt = episode_prompt(style, episode, history_length, prompt_fn)
             admissible = episode.current.admissible
             expert = episode.game.expert_action()
             action = expert
@@ -156,33 +143,14 @@ def expert_demos(
             columns["outcome"].append(float(episode.outcome))
             columns["score"].append(float(episode.score))  # the episode's final task score
             columns["policy_version"].append(version)
-    frame = pl.DataFrame(columns, schema=DEMO_SCHEMA)
+    frame = pl.DataFrame(columns, schema={name: STEPS_FRAME_SCHEMA[name] for name in DEMO_COLUMNS})
     return frame.sort(["group_id", "traj_id", "step"], maintain_order=True)
 
 
-DEMO_SCHEMA = {
-    "iter": pl.Int32,
-    "group_id": pl.String,
-    "task_id": pl.String,
-    "task_type": pl.String,
-    "traj_id": pl.String,
-    "step": pl.Int32,
-    "state": pl.String,
-    "next_state": pl.String,
-    "observation": pl.String,
-    "action": pl.String,
-    "valid": pl.Boolean,
-    "reward": pl.Float64,
-    "outcome": pl.Float64,
-    "done": pl.Boolean,
-    "terminated": pl.Boolean,
-    "truncated": pl.Boolean,
-    "prompt": pl.String,
-    "response": pl.String,
-    "policy_version": pl.String,
-    "error": pl.String,
-    "score": pl.Float64,
-}
+# the rollout's columns except the token ones (demos belong to no model)
+DEMO_COLUMNS = tuple(
+    c for c in STEPS_FRAME_SCHEMA if c not in ("prompt_ids", "response_ids", "response_logprobs", "choices")
+)
 
 
 def demo_summary(steps: pl.DataFrame, success_outcome: float) -> dict[str, float]:

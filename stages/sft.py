@@ -21,7 +21,6 @@ killed midway is redone from the start, which gives identical weights (CPU, same
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from schemas.errors import GraftError
 from schemas.rundir import Run, checkpoint_complete
 from stages.demos import demo_summary, expert_demos
 from stages.policy.sampling import derive_rng
+from stages.progress import terminal_progress
 
 SFT_ITER = -1  # the warm start runs before iteration 0
 IGNORE = -100  # label of tokens that carry no loss (Hugging Face's convention)
@@ -132,30 +132,6 @@ def train_sft(
     return losses
 
 
-def _progress(label: str) -> tuple[Callable[[int, int, float], None], Callable[[], None]]:
-    """A rich progress bar with the loss and an ETA on a terminal; nothing elsewhere."""
-    if not sys.stderr.isatty():
-        return (lambda step, total, loss: None), lambda: None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-    task = bar.add_task(label, total=None)
-    bar.start()
-
-    def hook(step: int, total: int, loss: float) -> None:
-        bar.update(task, completed=step, total=total, description=f"{label} loss {loss:.3f}")
-
-    return hook, bar.stop
-
-
 # ---------------------------------------------------------------------------------------------
 # the stage
 
@@ -226,7 +202,7 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     tokenizer = load_tokenizer(base_model, config.model.trust_remote_code)
     chat = prompt_format(model, tokenizer, config.model.prompt_format) == "chat"
     examples, cut = sft_examples(demos, tokenizer, chat, config.rollout.max_prompt_tokens)
-    hook, close = _progress("sft")
+    update, close = terminal_progress("sft", -(-len(examples) // sft.batch_size) * sft.epochs)
     try:
         losses = train_sft(
             model,
@@ -236,7 +212,7 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
             epochs=sft.epochs,
             batch_size=sft.batch_size,
             rng=derive_rng(config.run.seed, "sft"),
-            on_step=hook,
+            on_step=lambda step, total, loss: update(step, f"loss {loss:.3f}"),
         )
     finally:
         close()

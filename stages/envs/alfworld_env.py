@@ -372,7 +372,9 @@ class AlfworldEnv:
         if split not in SPLITS:
             raise GraftError(f"unknown split '{split}'; splits: {', '.join(SPLITS)}")
         base = self.root / "json_2.1.1"
-        folders = self.options["train_splits"] if split == "train" else EVAL_SPLITS[self.options["eval_split"]]
+        folders = (
+            self.options["train_splits"] if split == "train" else EVAL_SPLITS[self.options["eval_split"]]
+        )
         wanted = [d for d in folders if (base / d).is_dir()]
         if split == "eval" and len(folders) == 1 and not wanted:
             raise GraftError(

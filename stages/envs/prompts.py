@@ -20,6 +20,9 @@ Search (Fig. 13) shows the whole interaction: each past action as ``<search> q <
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from schemas.errors import GraftError
 
 STYLES = ("alfworld", "webshop", "search")
@@ -155,3 +158,20 @@ def build_prompt(
     if style == "alfworld":
         return ALFWORLD_TEMPLATE.format(admissible_actions=format_actions(admissible), **fields)
     return WEBSHOP_TEMPLATE.format(available_actions=format_actions(admissible), **fields)
+
+
+def episode_prompt(
+    style: str, episode: Any, history_length: int, prompt_fn: Callable[..., str] | None = None
+) -> str:
+    """The prompt of ``episode``'s current turn (an ``stages.envs.base.Episode``): its observation,
+    admissible actions, history and step count through ``prompt_fn`` (default ``build_prompt``)."""
+    obs = episode.current
+    return (prompt_fn or build_prompt)(
+        style,
+        task_text=obs.task_text,
+        observation=obs.text,
+        admissible=list(obs.admissible),
+        history=list(episode.history),
+        step_count=episode.turn,
+        history_length=history_length,
+    )

@@ -30,6 +30,7 @@ from schemas.config import DEFAULT_TINY_VOCAB_TASKS
 from schemas.errors import GraftError
 from schemas.rundir import atomic_dir, commit_dir
 from stages.envs.base import Environment, Episode
+from stages.envs.prompts import episode_prompt
 from stages.policy.tokenizer import build_word_tokenizer
 
 PromptFn = Callable[..., str]  # build_prompt(style, *, task_text, observation, admissible, history, ...)
@@ -113,15 +114,7 @@ def environment_texts(
                     yield obs.text
                     yield from obs.admissible
                     if episode.turn in PROMPTED_TURNS:
-                        yield prompt_fn(
-                            env.prompt_style,
-                            task_text=obs.task_text,
-                            observation=obs.text,
-                            admissible=list(obs.admissible),
-                            history=list(episode.history),
-                            step_count=episode.turn,
-                            history_length=history_length,
-                        )
+                        yield episode_prompt(env.prompt_style, episode, history_length, prompt_fn)
                     action = episode.game.expert_action() if expert else None
                     if action is None:
                         if not obs.admissible:

@@ -345,7 +345,8 @@ def _row(slot: _Slot, rec: StepRecord, out: _Turn) -> dict[str, Any]:
     }
 
 
-_FRAME_SCHEMA = {
+# the steps columns a rollout (and `graft demos`) writes, with their polars types
+STEPS_FRAME_SCHEMA = {
     "iter": pl.Int32,
     "group_id": pl.String,
     "task_id": pl.String,
@@ -378,7 +379,7 @@ def _steps_frame(
     slots: Sequence[_Slot], iteration: int, policy_version: str, group_digits: int, rollout_digits: int
 ) -> pl.DataFrame:
     """Rows of all episodes, ordered by (group, rollout, step)."""
-    columns: dict[str, list[Any]] = {name: [] for name in _FRAME_SCHEMA}
+    columns: dict[str, list[Any]] = {name: [] for name in STEPS_FRAME_SCHEMA}
     for slot in sorted(slots, key=lambda s: (s.group, s.rollout)):
         group_id = f"i{iteration:04d}-g{slot.group:0{group_digits}d}"
         traj_id = f"{group_id}-r{slot.rollout:0{rollout_digits}d}"
@@ -393,4 +394,4 @@ def _steps_frame(
             columns["policy_version"].append(policy_version)
             for name, value in row.items():
                 columns[name].append(value)
-    return pl.DataFrame(columns, schema=_FRAME_SCHEMA)
+    return pl.DataFrame(columns, schema=STEPS_FRAME_SCHEMA)
