@@ -98,6 +98,14 @@ def run_variant(
     return run_dir, time.perf_counter() - start
 
 
+def finished_iterations(run_dir: Path) -> int:
+    """Iterations 0..k-1 of ``run_dir`` that the loop finished (their metrics_loop table exists)."""
+    k = 0
+    while (run_dir / f"iter_{k:04d}" / "metrics_loop.parquet").is_file():
+        k += 1
+    return k
+
+
 def success_table(runs: dict[str, list[Path]], every: int) -> tuple[str, dict[str, np.ndarray]]:
     """Markdown: rows = iteration, columns = variant, cells = mean ± std over seeds of training success."""
     from schemas.rundir import open_run
@@ -153,6 +161,27 @@ def eval_table(runs: dict[str, list[Path]]) -> str:
         if first:
             lines.append(f"| {variant} | {np.mean(first):.3f} | {np.mean(last):.3f} ({max(xs)}) |")
     return "\n".join(lines)
+
+
+def verdict(curves: dict[str, np.ndarray]) -> str:
+    """The protocol's decision rule on the area under the training-success curve (mean over
+    iterations): a variant wins only if its AUC exceeds every other variant's by more than twice the
+    larger of the two standard errors over seeds."""
+    auc = {v: c.mean(axis=1) for v, c in curves.items()}  # per seed
+    stats = {
+        v: (a.mean(), a.std(ddof=1) / np.sqrt(len(a)) if len(a) > 1 else float("nan")) for v, a in auc.items()
+    }
+    best = max(stats, key=lambda v: stats[v][0])
+    margins, wins = [], True
+    for other, (mean, se) in stats.items():
+        if other == best:
+            continue
+        gap, bound = stats[best][0] - mean, 2 * max(stats[best][1], se)
+        margins.append(f"{best} − {other} = {gap:+.3f} (2 s.e. = {bound:.3f})")
+        wins = wins and bool(gap > bound)  # a NaN s.e. (one seed) never counts as a win
+    if wins:
+        return f"**{best} wins** (AUC gap > 2 s.e. against every variant): {'; '.join(margins)}."
+    return f"**No detectable difference** (decision rule: AUC gap > 2 s.e.): {'; '.join(margins)}."
 
 
 def final_eval_by_type(runs: dict[str, list[Path]]) -> str:
@@ -315,6 +344,11 @@ def main() -> None:
     parser.add_argument(
         "--effects", action="store_true", help="household only: advantage sign vs the step's true effect"
     )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: tabulate the runs under --out that finished all --iters iterations, list the rest",
+    )
     args = parser.parse_args()
     import torch
 
@@ -322,14 +356,25 @@ def main() -> None:
     out = Path(args.out)
     runs: dict[str, list[Path]] = {v: [] for v in args.variants}
     seconds: dict[str, list[float]] = {v: [] for v in args.variants}
+    unfinished: list[str] = []
     for seed in args.seeds:  # seed-major, so a cut-short bench still has every variant
         for variant in args.variants:
+            run_dir = out / f"{variant}-s{seed}"
+            if args.report_only:
+                if finished_iterations(run_dir) >= args.iters:
+                    runs[variant].append(run_dir)
+                else:
+                    unfinished.append(f"{variant}-s{seed} ({finished_iterations(run_dir)} of {args.iters})")
+                continue
             donors = [out / f"{v}-s{seed}" for v in args.variants if v != variant]
             run_dir, took = run_variant(Path(args.config), out, variant, seed, args.iters, args.extra, donors)
             runs[variant].append(run_dir)
             seconds[variant].append(took)
             print(f"{variant} seed {seed}: {took:.0f} s", flush=True)
-    table, _ = success_table(runs, args.every)
+    runs = {v: dirs for v, dirs in runs.items() if dirs}
+    if not runs:
+        raise SystemExit("no finished runs to report")
+    table, curves = success_table(runs, args.every)
     # loop seconds recorded by the runs themselves (a reused run keeps the time it took when it ran)
     timing = ", ".join(
         f"{v} {loop_seconds([str(d) for d in dirs])['seconds'].sum() / len(dirs):.0f} s"
@@ -338,6 +383,11 @@ def main() -> None:
     body = "\n\n".join(
         ([args.note] if args.note else [])
         + [
+            (
+                "Runs reported: "
+                + ", ".join(f"{v} {len(d)} seed(s)" for v, d in runs.items())
+                + (f". Not finished when tabulated: {', '.join(unfinished)}." if unfinished else ".")
+            ),
             f"Setting: `{Path(args.config).name}`"
             + (f" with `{' '.join(args.extra)}`" if args.extra else "")
             + f", {args.iters} iterations, seeds {args.seeds}, "
@@ -345,6 +395,7 @@ def main() -> None:
             "Command: `python bench/learning_bench.py "
             + f"--iters {args.iters} --seeds {' '.join(map(str, args.seeds))} --variants {' '.join(args.variants)}`.",
             table,
+            verdict(curves),
             "Held-out evaluation (eval split of the same environment):",
             eval_table(runs),
             "Held-out success per task type of the last evaluated policy (mean ± s.e. over seeds):",
