@@ -279,19 +279,19 @@ def test_the_warm_start_is_the_initial_policy_and_kl_reference(warm_run: Path) -
 def _killed_sft(run_dir: str) -> None:  # runs in a forkserver child
     import os
 
+    from stages.loop import run_loop
     from stages.rollout import ensure_initial_model
     from tests.kill_at import killing
 
     config = load_config(None, TINY_SFT)
-    # the kill lands when the finished checkpoint is about to be renamed into place
-    killing(ensure_initial_model, match="sft/model")(create_run(run_dir, config), config)
+    # the loop's warm start is killed when its finished checkpoint is about to be renamed into place
+    prepare = killing(ensure_initial_model, match="sft/model")
+    run_loop(create_run(run_dir, config), config, 1, prepare=prepare)
     os._exit(0)
 
 
 @pytest.mark.slow
-def test_a_warm_start_killed_before_its_checkpoint_resumes_to_identical_weights(
-    warm_run: Path, tmp_path: Path
-) -> None:
+def test_a_loop_killed_in_its_warm_start_resumes_to_identical_weights(warm_run: Path, tmp_path: Path) -> None:
     import multiprocessing
     import signal
 
