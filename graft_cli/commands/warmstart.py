@@ -15,7 +15,10 @@ def demos(
     out: Path = typer.Option(..., "-o", "--out", help="Output directory; DIR/steps.parquet is written."),
     episodes: int = typer.Option(64, "--episodes", help="Expert episodes, round-robin over the task set."),
     noise: float = typer.Option(
-        0.0, "--noise", help="Probability that a turn takes a random admissible action instead."
+        0.0,
+        "--noise",
+        help="Probability that a turn executes a random admissible action (its response stays the "
+        "expert's answer there: DART).",
     ),
     split: str = typer.Option("train", "--split", help="Task set: train | eval."),
     seed: int = typer.Option(0, "--seed", help="Task-set and noise seed."),
