@@ -10,7 +10,9 @@ stay null because the demos belong to no model — ``graft sft`` tokenizes them 
 tokenizer.
 
 The response is ``<think>{think}</think><action>{action}</action>`` (search: ``<search> q
-</search>`` / ``<answer> a </answer>`` instead of the action tag). Noise as DART (Laskey et al., 2017, "DART: Noise Injection for Robust Imitation Learning"): a noisy
+</search>`` / ``<answer> a </answer>`` instead of the action tag).
+
+Noise as DART (Laskey et al., 2017, "DART: Noise Injection for Robust Imitation Learning"): a noisy
 turn *executes* the random action, so demos visit the off-path states and late turns a learner will
 reach, but its ``response`` is still the expert's answer at that state, so behaviour cloning learns
 to recover rather than to act at random. So on a noisy turn ``action`` (what was executed, what the
@@ -19,8 +21,7 @@ credit stages read) differs from the action in ``response`` (the warm start's la
 0.39–0.58 and no success; noise-free demos 0.89–0.95 (the policy never saw a state off the expert's
 path); see BENCHMARKS.md "Learning: long-horizon household".
 
-``think`` is a fixed template
-naming the kind of step the action is (its first word, e.g. ``go``, ``take``, ``heat``; ``search`` /
+``think`` is a fixed template naming the kind of step the action is (its first word, e.g. ``go``, ``take``, ``heat``; ``search`` /
 ``answer`` for search). Why a template and not a free-text plan: the tiny policy only has to learn
 the format and a policy; every thinking token is generated and trained at every turn of every
 episode, so one word keeps the paper's two-part response at the lowest cost, and an environment
@@ -37,6 +38,7 @@ from typing import Any
 
 import polars as pl
 
+from schemas.config import Config
 from schemas.errors import GraftError
 from stages.envs.base import Environment, Episode, Task
 from stages.envs.prompts import episode_prompt
@@ -44,6 +46,10 @@ from stages.policy.sampling import derive_rng
 from stages.rollout.collect import STEPS_FRAME_SCHEMA
 
 EXPERT_VERSION = "expert"
+# the rollout's columns except the token ones (demos belong to no model)
+DEMO_COLUMNS = tuple(
+    c for c in STEPS_FRAME_SCHEMA if c not in ("prompt_ids", "response_ids", "response_logprobs", "choices")
+)
 
 
 def think_text(style: str, action: str) -> str:
@@ -147,10 +153,19 @@ def expert_demos(
     return frame.sort(["group_id", "traj_id", "step"], maintain_order=True)
 
 
-# the rollout's columns except the token ones (demos belong to no model)
-DEMO_COLUMNS = tuple(
-    c for c in STEPS_FRAME_SCHEMA if c not in ("prompt_ids", "response_ids", "response_logprobs", "choices")
-)
+def split_demos(env: Environment, config: Config, split: str, episodes: int, noise: float) -> pl.DataFrame:
+    """``episodes`` expert episodes over the run's ``split`` task set (``env.train_tasks`` or
+    ``env.eval_tasks`` tasks from ``run.seed``: the sets the loop and the evaluation draw from), with the
+    run's prompt history; noise stream from ``run.seed``."""
+    count = config.env.train_tasks if split == "train" else config.env.eval_tasks
+    return expert_demos(
+        env,
+        env.tasks(split, count, config.run.seed),
+        episodes,
+        noise=noise,
+        seed=config.run.seed,
+        history_length=config.rollout.history,
+    )
 
 
 def demo_summary(steps: pl.DataFrame, success_outcome: float) -> dict[str, float]:

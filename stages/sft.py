@@ -34,7 +34,8 @@ from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run, checkpoint_complete
-from stages.demos import demo_summary, expert_demos
+from stages.demos import demo_summary, split_demos
+from stages.diagnostics import metrics_frame
 from stages.policy.sampling import derive_rng
 from stages.progress import terminal_progress
 
@@ -136,24 +137,6 @@ def train_sft(
 # the stage
 
 
-def demos_for_config(config: Config) -> pl.DataFrame:
-    """The warm start's demos: ``sft.episodes`` expert episodes over the ``sft.split`` task set of the
-    run's environment (the same task set the loop draws from), ``sft.noise``-noisy, seeded by run.seed."""
-    from stages.rollout.from_config import make_environment
-
-    env = make_environment(config)
-    count = config.env.train_tasks if config.sft.split == "train" else config.env.eval_tasks
-    tasks = env.tasks(config.sft.split, count, config.run.seed)
-    return expert_demos(
-        env,
-        tasks,
-        config.sft.episodes,
-        noise=config.sft.noise,
-        seed=config.run.seed,
-        history_length=config.rollout.history,
-    )
-
-
 def sft_update_table(losses: Sequence[float], steps_per_epoch: int) -> pl.DataFrame:
     n = len(losses)
     return pl.DataFrame(
@@ -167,23 +150,11 @@ def sft_update_table(losses: Sequence[float], steps_per_epoch: int) -> pl.DataFr
     )
 
 
-def sft_metrics(summary: dict[str, float]) -> pl.DataFrame:
-    names = sorted(summary)
-    return pl.DataFrame(
-        {
-            "iter": pl.Series([SFT_ITER] * len(names), dtype=pl.Int32),
-            "stage": ["sft"] * len(names),
-            "name": names,
-            "value": [float(summary[k]) for k in names],
-            "task_type": pl.Series([None] * len(names), dtype=pl.String),
-        }
-    )
-
-
 def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     """Write the warm start of ``run`` (demos, losses, checkpoint) from ``base_model``; return the
     checkpoint. Finished parts are kept: existing demos are reused, a complete checkpoint returned."""
     from stages.policy.models import prompt_format
+    from stages.rollout.from_config import make_environment
     from stages.update.checkpoint import load_model, load_tokenizer, save_checkpoint
 
     target = run.sft_model_dir
@@ -191,11 +162,12 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
         return target
     sft = config.sft
     start = time.perf_counter()
+    env = make_environment(config)
     demos_path = run.demos_path
     if demos_path.is_file():
         demos = read_table(demos_path, "steps")
     else:
-        demos = demos_for_config(config)
+        demos = split_demos(env, config, sft.split, sft.episodes, sft.noise)
         write_table(demos, "steps", demos_path)
     torch.set_num_threads(max(1, config.run.torch_threads))
     model = load_model(base_model, config.model.trust_remote_code)
@@ -217,7 +189,7 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     finally:
         close()
     summary = {
-        **{f"demo_{k}": v for k, v in demo_summary(demos, _success_outcome(config)).items()},
+        **{f"demo_{k}": v for k, v in demo_summary(demos, env.success_outcome).items()},
         "rows": float(len(examples)),
         "prompt_truncated": float(cut),
         "response_tokens": float(sum(len(e.response_ids) for e in examples)),
@@ -228,12 +200,6 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     }
     steps_per_epoch = -(-len(examples) // sft.batch_size)
     write_table(sft_update_table(losses, steps_per_epoch), "update", run.sft_dir / "update.parquet")
-    write_table(sft_metrics(summary), "metrics", run.sft_dir / "metrics_sft.parquet")
+    write_table(metrics_frame(SFT_ITER, "sft", summary), "metrics", run.sft_dir / "metrics_sft.parquet")
     marker = {"stage": "sft", "base_model": str(base_model), "demos": str(demos_path), "rows": len(examples)}
     return save_checkpoint(target, model, tokenizer, marker)
-
-
-def _success_outcome(config: Config) -> float:
-    from stages.rollout.from_config import make_environment
-
-    return float(make_environment(config).success_outcome)

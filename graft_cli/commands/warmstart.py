@@ -31,22 +31,14 @@ def demos(
     from schemas import write_table
     from schemas.config import load_config
     from schemas.errors import GraftError
-    from stages.demos import demo_summary, expert_demos
+    from stages.demos import demo_summary, split_demos
     from stages.rollout.from_config import make_environment
 
     if split not in ("train", "eval"):
         raise GraftError(f"--split {split!r}: expected train or eval")
     cfg = load_config(config, [f"env.name={env_name}", f"run.seed={seed}", *overrides])
     env = make_environment(cfg)
-    count = cfg.env.train_tasks if split == "train" else cfg.env.eval_tasks
-    steps = expert_demos(
-        env,
-        env.tasks(split, count, cfg.run.seed),
-        episodes,
-        noise=noise,
-        seed=cfg.run.seed,
-        history_length=cfg.rollout.history,
-    )
+    steps = split_demos(env, cfg, split, episodes, noise)
     path = write_table(steps, "steps", out / "steps.parquet")
     summary = demo_summary(steps, float(env.success_outcome))
     typer.echo(

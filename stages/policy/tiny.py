@@ -16,7 +16,6 @@ private torch generator state seeded with ``seed``; the global RNG is left untou
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from schemas.rundir import atomic_dir, commit_dir
 from stages.envs.base import Environment, Episode
 from stages.envs.prompts import episode_prompt
 from stages.policy.tokenizer import build_word_tokenizer
+from stages.progress import terminal_progress
 
 PromptFn = Callable[..., str]  # build_prompt(style, *, task_text, observation, admissible, history, ...)
 
@@ -132,35 +132,9 @@ def vocab_tasks_for(env: Environment, requested: int = 0) -> int:
 
 
 def vocabulary_progress(label: str) -> tuple[TaskHook, Callable[[], None]]:
-    """(hook, closer): a rich progress bar with ETA on stderr when it is a terminal, else nothing."""
-    if not sys.stderr.isatty():
-        return (lambda done, total: None), lambda: None
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-    task = bar.add_task(label, total=None)
-    bar.start()
-
-    def hook(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return hook, bar.stop
+    """(hook, closer): a progress bar with ETA on a terminal, else nothing (``stages.progress``)."""
+    update, close = terminal_progress(label, None)
+    return (lambda done, total: update(done, total=total)), close
 
 
 def build_tiny_model(

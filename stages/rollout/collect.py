@@ -3,7 +3,6 @@ returns their steps rows (see the package docstring for the modes, naming and ra
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +14,7 @@ from schemas.errors import GraftError
 from stages.envs.base import Environment, Episode, StepRecord, Task
 from stages.policy.engine import STOP_STRINGS, PolicyEngine
 from stages.policy.sampling import choice_log_probs, derive_rng, derive_seed, sample_index
+from stages.progress import terminal_progress
 
 CHOOSE_PREFIX = "<action>"  # choose-mode model input ends with the action tag; the action follows it
 
@@ -53,38 +53,13 @@ def _default_prompt_fn() -> Callable[..., str]:
 
 
 def _progress_hook(progress: bool | ProgressHook | None, total: int, label: str):
-    """(hook, closer): a rich bar on a terminal, a user hook, or nothing."""
+    """(hook, closer): a user hook, a bar on a terminal (None or True), or nothing (False)."""
     if callable(progress):
         return progress, lambda: None
-    if progress is False or not sys.stderr.isatty():  # None or True: a bar on a terminal only
+    if progress is False:
         return (lambda turn, done, total: None), lambda: None
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-    task = bar.add_task(f"{label} turn 0", total=total)
-    bar.start()
-
-    def hook(turn: int, done: int, total: int) -> None:
-        bar.update(task, completed=done, description=f"{label} turn {turn}")
-
-    return hook, bar.stop
+    update, close = terminal_progress(label, total)
+    return (lambda turn, done, total: update(done, f"turn {turn}")), close
 
 
 def model_inputs(
