@@ -239,6 +239,13 @@ def plot_curves(tables: list[RunTables], path: Path) -> Path:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         axes[0].legend(fontsize=8, loc="best")
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Write a matplotlib figure to ``path`` atomically (temporary name, then rename) and close it."""
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
@@ -279,12 +286,7 @@ def plot_update(tables: list[RunTables], path: Path) -> Path | None:
         ax.grid(alpha=0.3)
     if len(tables) > 1:
         axes[0].legend(fontsize=8, loc="best")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)
 
 
 def write_report(run_paths: list[str | Path], out: str | Path | None = None) -> list[Path]:
