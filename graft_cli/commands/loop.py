@@ -49,9 +49,13 @@ def resolve_loop_run(
     without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention
     and ``[log]`` are treated the same way.
     """
+    return open_loop_run(*loop_root(config_path, run_dir, overrides), iters, force)
+
+
+def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) -> tuple[Run, Config, int]:
+    """``resolve_loop_run`` after ``loop_root``: take the lock, then create or check the run."""
     from schemas.rundir import atomic_write_text, create_run, run_lock
 
-    root, config = loop_root(config_path, run_dir, overrides)
     target = iters if iters is not None else config.run.iters
     if target < 0:
         raise GraftError(f"--iters {target}: must be >= 0")
@@ -167,9 +171,9 @@ def register(app: typer.Typer) -> None:
         from stages.loop import run_loop
 
         console = Console(stderr=False)
-        root, _ = loop_root(config, run_dir, list(overrides))  # checks the config before any write
+        root, checked = loop_root(config, run_dir, list(overrides))  # checks the config before any write
         with run_lock(root):
-            run, cfg, target = resolve_loop_run(config, run_dir, list(overrides), iters, force)
+            run, cfg, target = open_loop_run(root, checked, iters, force)
             # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
             console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
             if not cfg.model.path and not (run.initial_model_dir / "config.json").is_file():
