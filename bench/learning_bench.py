@@ -28,6 +28,7 @@ deterministic); every variant of a seed starts from the same policy.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 import time
@@ -98,6 +99,14 @@ def run_variant(
     return run_dir, time.perf_counter() - start
 
 
+@functools.cache
+def run_tables(run_dir: Path):  # type: ignore[no-untyped-def]
+    """The metrics and eval rows of one run, read once per bench invocation."""
+    from schemas.rundir import open_run
+
+    return load_run_tables(open_run(run_dir))
+
+
 def finished_iterations(run_dir: Path) -> int:
     """Iterations 0..k-1 of ``run_dir`` that the loop finished (their metrics_loop table exists)."""
     k = 0
@@ -108,13 +117,12 @@ def finished_iterations(run_dir: Path) -> int:
 
 def success_table(runs: dict[str, list[Path]], every: int) -> tuple[str, dict[str, np.ndarray]]:
     """Markdown: rows = iteration, columns = variant, cells = mean ± std over seeds of training success."""
-    from schemas.rundir import open_run
 
     curves: dict[str, np.ndarray] = {}
     for variant, dirs in runs.items():
         per_seed = []
         for d in dirs:
-            c = training_curve(load_run_tables(open_run(d)).metrics, "success_rate")
+            c = training_curve(run_tables(d).metrics, "success_rate")
             per_seed.append(c["value"].to_numpy())
         n = min(len(c) for c in per_seed)
         curves[variant] = np.stack([c[:n] for c in per_seed])  # (seeds, iterations)
@@ -143,15 +151,12 @@ def success_table(runs: dict[str, list[Path]], every: int) -> tuple[str, dict[st
 
 def eval_table(runs: dict[str, list[Path]]) -> str:
     """Markdown: held-out success of the initial and the last evaluated policy, mean over seeds."""
-    from schemas.rundir import open_run
 
     lines = ["| variant | eval success, initial | eval success, last (updates) |", "|---|---|---|"]
     for variant, dirs in runs.items():
         first, last, xs = [], [], []
         for d in dirs:
-            ev = load_run_tables(open_run(d)).eval.filter(
-                (pl.col("name") == "success_rate") & pl.col("task_type").is_null()
-            )
+            ev = run_tables(d).eval.filter((pl.col("name") == "success_rate") & pl.col("task_type").is_null())
             if ev.height == 0:
                 continue
             ev = ev.sort("x")
@@ -187,12 +192,11 @@ def verdict(curves: dict[str, np.ndarray]) -> str:
 def final_eval_by_type(runs: dict[str, list[Path]]) -> str:
     """Markdown (the paper's Table 1 columns): held-out success per task type of the last evaluated
     policy, mean ± s.e. over seeds."""
-    from schemas.rundir import open_run
 
     per_variant: dict[str, dict[str, list[float]]] = {}
     for variant, dirs in runs.items():
         for d in dirs:
-            ev = load_run_tables(open_run(d)).eval.filter(pl.col("name") == "success_rate")
+            ev = run_tables(d).eval.filter(pl.col("name") == "success_rate")
             if ev.height == 0:
                 continue
             last = ev.filter(pl.col("x") == ev["x"].max())
@@ -215,7 +219,6 @@ def diagnostics_table(runs: dict[str, list[Path]]) -> str:
     """Markdown: graph structure and rollout validity per variant, mean over seeds and iterations
     (what step credit had to work with: node group sizes, share of steps in node groups >= 2,
     propagation degree, invalid rate, mean turns)."""
-    from schemas.rundir import open_run
 
     names = {
         ("graph", "mean_node_group_size"): "node group size",
@@ -231,7 +234,7 @@ def diagnostics_table(runs: dict[str, list[Path]]) -> str:
         for stage, name in names:
             values = []
             for d in dirs:
-                m = load_run_tables(open_run(d)).metrics.filter(
+                m = run_tables(d).metrics.filter(
                     (pl.col("stage") == stage) & (pl.col("name") == name) & pl.col("task_type").is_null()
                 )
                 values += m["value"].to_list()
