@@ -243,6 +243,44 @@ def diagnostics_table(runs: dict[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
+def validity_credit_table(runs: dict[str, list[Path]], early: int = 3) -> str:
+    """Markdown: the credit invalid and valid turns get, per variant (all iterations and seeds, and the
+    first ``early`` iterations): mean |A| (the scale the update sees), mean A of invalid rows, mean A
+    of valid rows. An estimator whose invalid turns get more credit than valid ones teaches invalid
+    output."""
+    from schemas.rundir import open_run
+
+    lines = [
+        "| variant | mean abs A | mean A, invalid | mean A, valid | "
+        f"mean A, invalid (iters < {early}) | mean A, valid (iters < {early}) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for variant, dirs in runs.items():
+        frames = []
+        for d in dirs:
+            run = open_run(d)
+            for it in run.iterations():
+                if not run.stage_complete("advantage", it):
+                    continue
+                steps = run.read(it, "steps").select("traj_id", "step", "valid")
+                adv = run.read(it, "advantages").select("traj_id", "step", "advantage")
+                frames.append(steps.join(adv, on=["traj_id", "step"]).with_columns(pl.lit(it).alias("iter")))
+        if not frames:
+            continue
+        frame = pl.concat(frames)
+        first = frame.filter(pl.col("iter") < early)
+
+        def mean(f: pl.DataFrame, valid: bool) -> str:
+            values = f.filter(pl.col("valid") == valid)["advantage"]
+            return f"{values.mean():.3f}" if values.len() else "-"
+
+        lines.append(
+            f"| {variant} | {frame['advantage'].abs().mean():.3f} | {mean(frame, False)} | {mean(frame, True)} | "
+            f"{mean(first, False)} | {mean(first, True)} |"
+        )
+    return "\n".join(lines)
+
+
 def expert_distance(game, limit: int = 80) -> int | None:
     """Turns the scripted expert needs from ``game``'s current state to win (None: it cannot)."""
     import copy
@@ -405,6 +443,8 @@ def main() -> None:
             final_eval_by_type(runs),
             "Diagnostics (mean over seeds and iterations):",
             diagnostics_table(runs),
+            "Credit of invalid and valid turns (mean over rows; all seeds):",
+            validity_credit_table(runs),
             *(
                 [
                     "Advantage sign vs the step's true effect (change of the scripted expert's turns-to-go "

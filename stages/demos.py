@@ -27,6 +27,16 @@ the format and a policy; every thinking token is generated and trained at every 
 episode, so one word keeps the paper's two-part response at the lowest cost, and an environment
 needs nothing beyond ``expert_action()`` to get demos.
 
+Invalid turns (``invalid_noise``): a learner that writes one inadmissible action sees a prompt no
+DART demo shows (the world did not advance, the history repeats the observation next to the invalid
+action) and, measured on ``configs/household_long.toml``, wrote another invalid action after 71% of its
+invalid turns against 29% after a valid one: it loops. So with probability ``invalid_noise`` a turn
+that is not a random admissible one executes an *inadmissible* action of the kind the learner writes
+— an action that was admissible at an earlier turn of the episode and is not now ("go to" the place
+it already stands at, "put" an object it no longer holds) — which costs the invalid penalty and
+leaves the world as it was; its response, as on every noisy turn, is the expert's answer there, and
+the following turns show the recovery. A turn with no such action (the first) stays the expert's.
+
 Randomness: episode ``k``'s noise stream is ``(seed, "demos", k)``: the same arguments give the same
 table, whatever else ran before.
 """
@@ -36,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from schemas.config import Config
@@ -69,12 +80,23 @@ def demo_response(style: str, action: str) -> str:
     return f"{think}<action>{action}</action>"
 
 
+def inadmissible_action(
+    earlier: Sequence[str], admissible: Sequence[str], rng: np.random.Generator
+) -> str | None:
+    """An action of ``earlier`` (admissible at earlier turns, first-seen order) that is not in
+    ``admissible`` now, drawn uniformly; None when there is none."""
+    now = set(admissible)
+    candidates = [a for a in earlier if a not in now]
+    return candidates[int(rng.integers(len(candidates)))] if candidates else None
+
+
 def expert_demos(
     env: Environment,
     tasks: Sequence[Task],
     episodes: int,
     *,
     noise: float = 0.0,
+    invalid_noise: float = 0.0,
     seed: int = 0,
     history_length: int = 2,
     prompt_fn: Callable[..., str] | None = None,
@@ -82,20 +104,26 @@ def expert_demos(
     """Play ``episodes`` expert episodes (round-robin over ``tasks``) into steps rows (SPEC §3).
 
     ``noise``: probability that a turn's expert action is replaced by a uniformly random admissible
-    action (also used when the expert has no action). Group ``d-gNNN`` = task ``NNN`` of ``tasks``;
+    action (also used when the expert has no action); ``invalid_noise``: probability that a turn that
+    is not such a random one executes an inadmissible action (module docstring). Group ``d-gNNN`` = task ``NNN`` of ``tasks``;
     trajectory ``d-gNNN-rK`` = its K-th episode.
     """
     if not tasks:
         raise GraftError("demos: the task list is empty")
     if episodes < 1:
         raise GraftError(f"demos: episodes must be >= 1, got {episodes}")
-    if not 0.0 <= noise <= 1.0:
-        raise GraftError(f"demos: noise must be in [0, 1], got {noise}")
+    for name, p in (("noise", noise), ("invalid_noise", invalid_noise)):
+        if not 0.0 <= p <= 1.0:
+            raise GraftError(f"demos: {name} must be in [0, 1], got {p}")
     style = env.prompt_style
     group_digits = max(2, len(str(len(tasks) - 1)))
     per_task = -(-episodes // len(tasks))
     rollout_digits = len(str(per_task - 1))
-    version = EXPERT_VERSION if noise == 0 else f"{EXPERT_VERSION}+noise{noise:g}"
+    version = (
+        EXPERT_VERSION
+        + (f"+noise{noise:g}" if noise else "")
+        + (f"+invalid{invalid_noise:g}" if invalid_noise else "")
+    )
     columns: dict[str, list[Any]] = {name: [] for name in DEMO_COLUMNS}
     for k in range(episodes):
         task_index, rollout = k % len(tasks), k // len(tasks)
@@ -105,6 +133,7 @@ def expert_demos(
         group_id = f"d-g{task_index:0{group_digits}d}"
         traj_id = f"{group_id}-r{rollout:0{rollout_digits}d}"
         rows: list[dict[str, Any]] = []
+        earlier: dict[str, None] = {}  # actions admissible at earlier turns, first-seen order
         while not episode.done:
             prompt = episode_prompt(style, episode, history_length, prompt_fn)
             admissible = episode.current.admissible
@@ -114,6 +143,9 @@ def expert_demos(
             explore = rng.random() < noise
             if (explore or action is None) and admissible:
                 action = admissible[int(rng.integers(len(admissible)))]
+            elif invalid_noise and rng.random() < invalid_noise:  # no draw at 0: older streams unchanged
+                action = inadmissible_action(list(earlier), admissible, rng) or action
+            earlier.update(dict.fromkeys(admissible))
             if action is None:
                 raise GraftError(
                     f"demos: the {env.name} expert has no action in task {task.task_id} and the "
@@ -153,7 +185,9 @@ def expert_demos(
     return frame.sort(["group_id", "traj_id", "step"], maintain_order=True)
 
 
-def split_demos(env: Environment, config: Config, split: str, episodes: int, noise: float) -> pl.DataFrame:
+def split_demos(
+    env: Environment, config: Config, split: str, episodes: int, noise: float, invalid_noise: float = 0.0
+) -> pl.DataFrame:
     """``episodes`` expert episodes over the run's ``split`` task set (``env.train_tasks`` or
     ``env.eval_tasks`` tasks from ``run.seed``: the sets the loop and the evaluation draw from), with the
     run's prompt history; noise stream from ``run.seed``."""
@@ -163,6 +197,7 @@ def split_demos(env: Environment, config: Config, split: str, episodes: int, noi
         env.tasks(split, count, config.run.seed),
         episodes,
         noise=noise,
+        invalid_noise=invalid_noise,
         seed=config.run.seed,
         history_length=config.rollout.history,
     )

@@ -14,7 +14,7 @@ from schemas import read_table, validate_steps
 from schemas.config import load_config
 from schemas.errors import GraftError
 from schemas.rundir import create_run, open_run
-from stages.demos import demo_summary, expert_demos
+from stages.demos import demo_summary, expert_demos, inadmissible_action
 from stages.envs.parser import parse_response
 from stages.envs.registry import make_env
 from stages.sft import Example, collate, minibatch_order, response_loss, sft_examples, train_sft
@@ -122,6 +122,52 @@ def test_noise_replaces_expert_actions_at_its_rate_and_is_deterministic() -> Non
     assert (a["policy_version"] == "expert+noise0.4").all()
 
 
+def test_invalid_noise_executes_earlier_admissible_actions_that_leave_the_world_and_keep_the_expert_label() -> (
+    None
+):
+    from stages.envs.base import Episode
+
+    env = household()
+    tasks = env.tasks("train", 8, 0)
+    a = expert_demos(env, tasks, 32, noise=0.3, invalid_noise=0.5, seed=3)
+    assert a.equals(expert_demos(env, tasks, 32, noise=0.3, invalid_noise=0.5, seed=3))
+    validate_steps(a)
+    assert (a["policy_version"] == "expert+noise0.3+invalid0.5").all()
+    by_id = {t.task_id: t for t in tasks}
+    invalid = turns = 0
+    for _, traj in a.group_by("traj_id", maintain_order=True):
+        episode = Episode(env, by_id[traj["task_id"][0]])
+        earlier: set[str] = set()
+        for row in traj.iter_rows(named=True):
+            before = episode.current
+            assert parse_response("alfworld", row["response"]) == episode.game.expert_action()
+            if not row["valid"]:
+                invalid += 1
+                # the learner's kind of mistake: admissible at an earlier turn, not now
+                assert row["action"] in earlier and row["action"] not in before.admissible
+                assert row["reward"] == pytest.approx(-0.1) and row["next_state"] == row["state"]
+            earlier |= set(before.admissible)
+            record = episode.act(row["action"])
+            assert record.valid == row["valid"]
+            turns += 1
+    # P(invalid) = (1 - 0.3) * 0.5 on turns after the first that have an earlier action not admissible now
+    assert 0.2 < invalid / turns < 0.4
+    # the default draws nothing extra: the same stream as before invalid noise existed
+    assert expert_demos(env, tasks, 8, noise=0.3, seed=3).equals(
+        expert_demos(env, tasks, 8, noise=0.3, invalid_noise=0.0, seed=3)
+    )
+    assert (~expert_demos(env, tasks, 8, noise=0.3, seed=3)["valid"]).sum() == 0
+
+
+def test_inadmissible_action_draws_only_actions_not_admissible_now() -> None:
+    rng = np.random.default_rng(0)
+    earlier = ["go to a", "go to b", "take x from a"]
+    draws = {inadmissible_action(earlier, ["go to a", "look"], rng) for _ in range(50)}
+    assert draws == {"go to b", "take x from a"}
+    assert inadmissible_action(earlier, earlier, rng) is None
+    assert inadmissible_action([], ["look"], rng) is None
+
+
 @pytest.mark.parametrize("name", ["shop", "search"])
 def test_demos_of_other_environments_validate_and_parse_back(name: str) -> None:
     env = make_env(name)
@@ -139,6 +185,8 @@ def test_demos_refuse_bad_arguments() -> None:
     tasks = env.tasks("train", 2, 0)
     with pytest.raises(GraftError, match="noise must be in"):
         expert_demos(env, tasks, 2, noise=1.5)
+    with pytest.raises(GraftError, match="invalid_noise must be in"):
+        expert_demos(env, tasks, 2, invalid_noise=-0.1)
     with pytest.raises(GraftError, match="episodes must be >= 1"):
         expert_demos(env, tasks, 0)
     with pytest.raises(GraftError, match="task list is empty"):
@@ -222,6 +270,7 @@ def test_sft_config_is_validated() -> None:
     for key, value, message in [
         ("sft.episodes", "0", "sft.episodes"),
         ("sft.noise", "1.5", "sft.noise"),
+        ("sft.invalid_noise", "-0.5", "sft.invalid_noise"),
         ("sft.epochs", "0", "sft.epochs"),
         ("sft.lr", "inf", "sft.lr"),
         ("sft.split", '"test"', "sft.split"),

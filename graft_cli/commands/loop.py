@@ -189,7 +189,8 @@ def register(app: typer.Typer) -> None:
                 )
             if cfg.sft.enabled and not (run.sft_model_dir / "config.json").is_file():
                 console.print(
-                    f"warm start: {cfg.sft.episodes} expert demos (noise {cfg.sft.noise:g}), "
+                    f"warm start: {cfg.sft.episodes} expert demos (noise {cfg.sft.noise:g}, "
+                    f"invalid noise {cfg.sft.invalid_noise:g}), "
                     f"{cfg.sft.epochs} epochs of behaviour cloning -> {run.sft_model_dir}",
                     highlight=False,
                     soft_wrap=True,
