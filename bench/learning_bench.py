@@ -32,6 +32,7 @@ import functools
 import re
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,51 @@ def run_variant(
         on_iteration=lambda r: print(f"  {variant} s{seed} iter {r.iteration} done", flush=True),
     )
     return run_dir, time.perf_counter() - start
+
+
+def run_job(
+    config: Path, out: Path, variants: list[str], iters: int, extra: list[str], seed: int, variant: str
+) -> float:
+    """One (seed, variant) run in a worker process (one torch thread); returns its seconds."""
+    import torch
+
+    torch.set_num_threads(1)
+    donors = [out / f"{v}-s{seed}" for v in variants if v != variant]
+    return run_variant(config, out, variant, seed, iters, extra, donors)[1]
+
+
+def run_jobs(
+    jobs: list[tuple[int, str]], job: Callable[[int, str], float], workers: int
+) -> Iterator[tuple[tuple[int, str], float]]:
+    """Run ``job(seed, variant)`` for every job, ``workers`` at a time, in the given order except
+    that a job never starts while another worker computes its seed's warm start (it would compute
+    the same bytes again): the first job of a seed computes it, the others of that seed wait for it
+    and copy it. Yields (job, seconds) as runs finish."""
+    if workers <= 1:
+        for seed, variant in jobs:
+            yield (seed, variant), job(seed, variant)
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pending, warm, warming = list(jobs), set(), set()
+    running: dict = {}
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        while pending or running:
+            while len(running) < workers:
+                ready = next((j for j in pending if j[0] in warm or j[0] not in warming), None)
+                if ready is None:
+                    break
+                pending.remove(ready)
+                if ready[0] not in warm:
+                    warming.add(ready[0])
+                running[pool.submit(job, *ready)] = ready
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                seed, variant = running.pop(future)
+                warm.add(seed)
+                warming.discard(seed)
+                yield (seed, variant), future.result()
 
 
 @functools.cache
@@ -386,6 +432,9 @@ def main() -> None:
         "--effects", action="store_true", help="household only: advantage sign vs the step's true effect"
     )
     parser.add_argument(
+        "--workers", type=int, default=1, help="runs in parallel (one process and one torch thread each)"
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="run nothing: tabulate the runs under --out that finished all --iters iterations, list the rest",
@@ -396,22 +445,21 @@ def main() -> None:
     torch.set_num_threads(1)
     out = Path(args.out)
     runs: dict[str, list[Path]] = {v: [] for v in args.variants}
-    seconds: dict[str, list[float]] = {v: [] for v in args.variants}
     unfinished: list[str] = []
-    for seed in args.seeds:  # seed-major, so a cut-short bench still has every variant
-        for variant in args.variants:
+    jobs = [(seed, variant) for seed in args.seeds for variant in args.variants]  # seed-major
+    if args.report_only:
+        for seed, variant in jobs:
             run_dir = out / f"{variant}-s{seed}"
-            if args.report_only:
-                if finished_iterations(run_dir) >= args.iters:
-                    runs[variant].append(run_dir)
-                else:
-                    unfinished.append(f"{variant}-s{seed} ({finished_iterations(run_dir)} of {args.iters})")
-                continue
-            donors = [out / f"{v}-s{seed}" for v in args.variants if v != variant]
-            run_dir, took = run_variant(Path(args.config), out, variant, seed, args.iters, args.extra, donors)
-            runs[variant].append(run_dir)
-            seconds[variant].append(took)
+            if finished_iterations(run_dir) >= args.iters:
+                runs[variant].append(run_dir)
+            else:
+                unfinished.append(f"{variant}-s{seed} ({finished_iterations(run_dir)} of {args.iters})")
+    else:
+        job = functools.partial(run_job, Path(args.config), out, args.variants, args.iters, args.extra)
+        for (seed, variant), took in run_jobs(jobs, job, args.workers):
             print(f"{variant} seed {seed}: {took:.0f} s", flush=True)
+        for seed, variant in jobs:
+            runs[variant].append(out / f"{variant}-s{seed}")
     runs = {v: dirs for v, dirs in runs.items() if dirs}
     if not runs:
         raise SystemExit("no finished runs to report")

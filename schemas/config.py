@@ -166,6 +166,7 @@ class SftConfig:
     episodes: int = 64  # expert episodes, round-robin over the split's task set
     noise: float = 0.0  # probability that a demo turn takes a random admissible action instead
     invalid_noise: float = 0.0  # probability that another turn executes an inadmissible action
+    keep_noise: float = 0.0  # probability that a random turn is labelled with its own action (not DART)
     split: Literal["train", "eval"] = "train"  # task set the demos are played on
     epochs: int = 2
     lr: float = 3e-3
@@ -416,6 +417,7 @@ RANGES: dict[str, Rule] = {
     "sft.episodes": _at_least(1),
     "sft.noise": _within(0, 1),  # a probability
     "sft.invalid_noise": _within(0, 1),  # a probability
+    "sft.keep_noise": _within(0, 1),  # a probability
     "sft.epochs": _at_least(1),
     "sft.lr": _above(0),
     "sft.batch_size": _at_least(1),

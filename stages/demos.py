@@ -37,6 +37,13 @@ it already stands at, "put" an object it no longer holds) — which costs the in
 leaves the world as it was; its response, as on every noisy turn, is the expert's answer there, and
 the following turns show the recovery. A turn with no such action (the first) stays the expert's.
 
+Kept noise (``keep_noise``): DART labels make the warm start an expert copy; with invalid-turn noise
+it succeeded in 91% of the long benchmark's training episodes (BENCHMARKS.md), which leaves RL
+nothing to show. With probability ``keep_noise`` a random turn keeps its own action as its label
+(plain noise), so the clone is a partly random but valid policy — the CPU analogue of an instruct
+model that follows the format and lists admissible actions but is no expert. Invalid turns are never
+kept (the clone must not learn to write them).
+
 Randomness: episode ``k``'s noise stream is ``(seed, "demos", k)``: the same arguments give the same
 table, whatever else ran before.
 """
@@ -97,6 +104,7 @@ def expert_demos(
     *,
     noise: float = 0.0,
     invalid_noise: float = 0.0,
+    keep_noise: float = 0.0,
     seed: int = 0,
     history_length: int = 2,
     prompt_fn: Callable[..., str] | None = None,
@@ -105,14 +113,15 @@ def expert_demos(
 
     ``noise``: probability that a turn's expert action is replaced by a uniformly random admissible
     action (also used when the expert has no action); ``invalid_noise``: probability that a turn that
-    is not such a random one executes an inadmissible action (module docstring). Group ``d-gNNN`` = task ``NNN`` of ``tasks``;
+    is not such a random one executes an inadmissible action; ``keep_noise``: probability that a random
+    turn is labelled with its own action instead of the expert's (module docstring). Group ``d-gNNN`` = task ``NNN`` of ``tasks``;
     trajectory ``d-gNNN-rK`` = its K-th episode.
     """
     if not tasks:
         raise GraftError("demos: the task list is empty")
     if episodes < 1:
         raise GraftError(f"demos: episodes must be >= 1, got {episodes}")
-    for name, p in (("noise", noise), ("invalid_noise", invalid_noise)):
+    for name, p in (("noise", noise), ("invalid_noise", invalid_noise), ("keep_noise", keep_noise)):
         if not 0.0 <= p <= 1.0:
             raise GraftError(f"demos: {name} must be in [0, 1], got {p}")
     style = env.prompt_style
@@ -123,6 +132,7 @@ def expert_demos(
         EXPERT_VERSION
         + (f"+noise{noise:g}" if noise else "")
         + (f"+invalid{invalid_noise:g}" if invalid_noise else "")
+        + (f"+kept{keep_noise:g}" if keep_noise else "")
     )
     columns: dict[str, list[Any]] = {name: [] for name in DEMO_COLUMNS}
     for k in range(episodes):
@@ -141,8 +151,11 @@ def expert_demos(
             action = expert
             # draw every turn so the stream does not depend on whether the expert had an action
             explore = rng.random() < noise
+            label = expert
             if (explore or action is None) and admissible:
                 action = admissible[int(rng.integers(len(admissible)))]
+                if keep_noise and rng.random() < keep_noise:  # no draw at 0: older streams unchanged
+                    label = action
             elif invalid_noise and rng.random() < invalid_noise:  # no draw at 0: older streams unchanged
                 action = inadmissible_action(list(earlier), admissible, rng) or action
             earlier.update(dict.fromkeys(admissible))
@@ -166,7 +179,7 @@ def expert_demos(
                     "truncated": record.truncated,
                     "prompt": prompt,
                     # the expert's answer at this state, also on a noisy turn (see the docstring)
-                    "response": demo_response(style, expert if expert is not None else action),
+                    "response": demo_response(style, label if label is not None else action),
                     "error": record.error,
                 }
             )
@@ -186,7 +199,13 @@ def expert_demos(
 
 
 def split_demos(
-    env: Environment, config: Config, split: str, episodes: int, noise: float, invalid_noise: float = 0.0
+    env: Environment,
+    config: Config,
+    split: str,
+    episodes: int,
+    noise: float,
+    invalid_noise: float = 0.0,
+    keep_noise: float = 0.0,
 ) -> pl.DataFrame:
     """``episodes`` expert episodes over the run's ``split`` task set (``env.train_tasks`` or
     ``env.eval_tasks`` tasks from ``run.seed``: the sets the loop and the evaluation draw from), with the
@@ -198,6 +217,7 @@ def split_demos(
         episodes,
         noise=noise,
         invalid_noise=invalid_noise,
+        keep_noise=keep_noise,
         seed=config.run.seed,
         history_length=config.rollout.history,
     )

@@ -167,7 +167,9 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     if demos_path.is_file():
         demos = read_table(demos_path, "steps")
     else:
-        demos = split_demos(env, config, sft.split, sft.episodes, sft.noise, sft.invalid_noise)
+        demos = split_demos(
+            env, config, sft.split, sft.episodes, sft.noise, sft.invalid_noise, sft.keep_noise
+        )
         write_table(demos, "steps", demos_path)
     torch.set_num_threads(max(1, config.run.torch_threads))
     model = load_model(base_model, config.model.trust_remote_code)

@@ -159,6 +159,32 @@ def test_invalid_noise_executes_earlier_admissible_actions_that_leave_the_world_
     assert (~expert_demos(env, tasks, 8, noise=0.3, seed=3)["valid"]).sum() == 0
 
 
+def test_keep_noise_labels_a_share_of_random_turns_with_their_own_action() -> None:
+    from stages.envs.base import Episode
+
+    env = household()
+    tasks = env.tasks("train", 8, 0)
+    dart = expert_demos(env, tasks, 24, noise=0.5, seed=4)
+    kept = expert_demos(env, tasks, 24, noise=0.5, keep_noise=0.5, seed=4)
+    assert (kept["policy_version"] == "expert+noise0.5+kept0.5").all()
+    validate_steps(kept)
+    by_id = {t.task_id: t for t in tasks}
+    random_turns = own_label = 0
+    for _, traj in kept.group_by("traj_id", maintain_order=True):
+        episode = Episode(env, by_id[traj["task_id"][0]])
+        for action, response in zip(traj["action"], traj["response"], strict=True):
+            expert, label = episode.game.expert_action(), parse_response("alfworld", response)
+            assert label in (expert, action)  # DART's expert answer, or the executed action kept
+            if action != expert:
+                random_turns += 1
+                own_label += label == action
+            episode.act(action)
+    assert 0.35 < own_label / random_turns < 0.65
+    # the same random turns as DART's stream until the first kept draw: the first episode starts alike
+    assert dart["action"][0] == kept["action"][0]
+    assert (~kept["valid"]).sum() == 0
+
+
 def test_inadmissible_action_draws_only_actions_not_admissible_now() -> None:
     rng = np.random.default_rng(0)
     earlier = ["go to a", "go to b", "take x from a"]

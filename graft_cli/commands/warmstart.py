@@ -26,6 +26,11 @@ def demos(
         help="Probability that another turn executes an inadmissible action (one admissible earlier "
         "in the episode; the world stays, the response is the expert's answer there).",
     ),
+    keep_noise: float = typer.Option(
+        0.0,
+        "--keep-noise",
+        help="Probability that a random turn keeps its own action as the response (plain noise, not DART).",
+    ),
     split: str = typer.Option("train", "--split", help="Task set: train | eval."),
     seed: int = typer.Option(0, "--seed", help="Task-set and noise seed."),
     config: Path = typer.Option(None, "--config", help="Run config (TOML) whose [env] section to use."),
@@ -44,7 +49,7 @@ def demos(
         raise GraftError(f"--split {split!r}: expected train or eval")
     cfg = load_config(config, [f"env.name={env_name}", f"run.seed={seed}", *overrides])
     env = make_environment(cfg)
-    steps = split_demos(env, cfg, split, episodes, noise, invalid_noise)
+    steps = split_demos(env, cfg, split, episodes, noise, invalid_noise, keep_noise)
     path = write_table(steps, "steps", out / "steps.parquet")
     summary = demo_summary(steps, float(env.success_outcome))
     typer.echo(
