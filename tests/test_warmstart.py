@@ -223,11 +223,14 @@ def test_graft_demos_writes_steps_that_graft_advantage_accepts(tmp_path: Path) -
     runner = CliRunner()
     out = tmp_path / "demos"
     args = ["demos", "household", "-o", str(out), "--episodes", "16", "--noise", "0.3", "--seed", "2"]
+    args += ["--invalid-noise", "0.2", "--keep-noise", "0.5"]
     result = runner.invoke(app, [*args, "--set", "env.max_turns=20", "--set", "env.train_tasks=4"])
     assert result.exit_code == 0, result.output
     assert "16 episodes" in result.output
     steps = read_table(out / "steps.parquet", "steps")
     validate_steps(steps)
+    assert (steps["policy_version"] == "expert+noise0.3+invalid0.2+kept0.5").all()
+    assert (~steps["valid"]).any()  # invalid-turn noise reached the table
     assert steps["group_id"].n_unique() == 4 and steps["traj_id"].n_unique() == 16
     credit = tmp_path / "credit"
     result = runner.invoke(app, ["advantage", str(out / "steps.parquet"), "-o", str(credit)])
