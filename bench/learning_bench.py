@@ -290,17 +290,25 @@ def diagnostics_table(runs: dict[str, list[Path]]) -> str:
 
 
 def validity_credit_table(runs: dict[str, list[Path]], early: int = 3) -> str:
-    """Markdown: the credit invalid and valid turns get, per variant (all iterations and seeds, and the
-    first ``early`` iterations): mean |A| (the scale the update sees), mean A of invalid rows, mean A
-    of valid rows. An estimator whose invalid turns get more credit than valid ones teaches invalid
-    output."""
+    """Markdown: the credit each kind of turn gets, per variant (all iterations and seeds; and the first
+    ``early`` iterations): mean |A| (the scale the update sees), mean A of invalid turns, of valid
+    moves (the state changes) and of valid no-ops (a valid turn that leaves the state as it was, e.g.
+    ``inventory``), and the share of no-op turns overall and in the last 5 iterations. An estimator
+    that credits no-ops above moves teaches the policy to stand still."""
     from schemas.rundir import open_run
 
     lines = [
-        "| variant | mean abs A | mean A, invalid | mean A, valid | "
-        f"mean A, invalid (iters < {early}) | mean A, valid (iters < {early}) |",
-        "|---|---|---|---|---|---|",
+        "| variant | mean abs A | mean A, invalid | mean A, valid move | mean A, valid no-op | "
+        f"mean A, invalid / move / no-op (iters < {early}) | no-op share | no-op share, last 5 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    kinds = (
+        pl.when(~pl.col("valid"))
+        .then(pl.lit("invalid"))
+        .when(pl.col("state") == pl.col("next_state"))
+        .then(pl.lit("no-op"))
+        .otherwise(pl.lit("move"))
+    )
     for variant, dirs in runs.items():
         frames = []
         for d in dirs:
@@ -308,21 +316,31 @@ def validity_credit_table(runs: dict[str, list[Path]], early: int = 3) -> str:
             for it in run.iterations():
                 if not run.stage_complete("advantage", it):
                     continue
-                steps = run.read(it, "steps").select("traj_id", "step", "valid")
+                steps = run.read(it, "steps").select("traj_id", "step", "valid", "state", "next_state")
                 adv = run.read(it, "advantages").select("traj_id", "step", "advantage")
-                frames.append(steps.join(adv, on=["traj_id", "step"]).with_columns(pl.lit(it).alias("iter")))
+                frames.append(
+                    steps.join(adv, on=["traj_id", "step"]).with_columns(
+                        kinds.alias("kind"), pl.lit(it).alias("iter")
+                    )
+                )
         if not frames:
             continue
         frame = pl.concat(frames)
         first = frame.filter(pl.col("iter") < early)
+        last = frame.filter(pl.col("iter") > frame["iter"].max() - 5)
 
-        def mean(f: pl.DataFrame, valid: bool) -> str:
-            values = f.filter(pl.col("valid") == valid)["advantage"]
+        def mean(f: pl.DataFrame, kind: str) -> str:
+            values = f.filter(pl.col("kind") == kind)["advantage"]
             return f"{values.mean():.3f}" if values.len() else "-"
 
+        def share(f: pl.DataFrame) -> str:
+            return f"{(f['kind'] == 'no-op').mean():.3f}"
+
         lines.append(
-            f"| {variant} | {frame['advantage'].abs().mean():.3f} | {mean(frame, False)} | {mean(frame, True)} | "
-            f"{mean(first, False)} | {mean(first, True)} |"
+            f"| {variant} | {frame['advantage'].abs().mean():.3f} | {mean(frame, 'invalid')} | "
+            f"{mean(frame, 'move')} | {mean(frame, 'no-op')} | "
+            f"{mean(first, 'invalid')} / {mean(first, 'move')} / {mean(first, 'no-op')} | "
+            f"{share(frame)} | {share(last)} |"
         )
     return "\n".join(lines)
 
@@ -491,7 +509,7 @@ def main() -> None:
             final_eval_by_type(runs),
             "Diagnostics (mean over seeds and iterations):",
             diagnostics_table(runs),
-            "Credit of invalid and valid turns (mean over rows; all seeds):",
+            "Credit of invalid turns, valid moves and valid no-ops (mean over rows; all seeds):",
             validity_credit_table(runs),
             *(
                 [
