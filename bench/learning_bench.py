@@ -394,6 +394,20 @@ def step_effects(run_dir: Path) -> pl.DataFrame:
     return pl.concat(frames) if frames else pl.DataFrame()
 
 
+def cached_step_effects(run_dir: Path) -> pl.DataFrame:
+    """``step_effects`` of a run, kept in ``<out>/.effects/<run>-<iterations>.parquet`` (replaying every
+    step with the expert costs ~1 s per iteration; a finished run's effects never change)."""
+    cache = run_dir.parent / ".effects" / f"{run_dir.name}-{finished_iterations(run_dir)}.parquet"
+    if cache.is_file():
+        return pl.read_parquet(cache)
+    frame = step_effects(run_dir)
+    cache.parent.mkdir(exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    frame.write_parquet(tmp)
+    tmp.replace(cache)
+    return frame
+
+
 def sign_agreement_table(runs: dict[str, list[Path]]) -> str:
     """Markdown: how often each variant's advantage sign agrees with the step's true effect (household
     only; steps with a non-zero effect), and the mean advantage of progressing / regressing steps."""
@@ -402,7 +416,7 @@ def sign_agreement_table(runs: dict[str, list[Path]]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for variant, dirs in runs.items():
-        frames = [step_effects(d) for d in dirs]
+        frames = [cached_step_effects(d) for d in dirs]
         frame = pl.concat([f for f in frames if f.height]).filter(
             pl.col("effect").is_not_null() & (pl.col("effect") != 0)
         )
