@@ -495,6 +495,13 @@ def main() -> None:
     runs = {v: dirs for v, dirs in runs.items() if dirs}
     if not runs:
         raise SystemExit("no finished runs to report")
+    if args.effects and args.workers > 1:  # replay the runs' steps in parallel, into the cache
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+            list(pool.map(cached_step_effects, [d for dirs in runs.values() for d in dirs]))
     table, curves = success_table(runs, args.every)
     # loop seconds recorded by the runs themselves (a reused run keeps the time it took when it ran)
     timing = ", ".join(
