@@ -345,6 +345,58 @@ def validity_credit_table(runs: dict[str, list[Path]], early: int = 3) -> str:
     return "\n".join(lines)
 
 
+ACTION_KINDS = {  # first word of a household action -> its kind in the net-credit table
+    "go": "go",
+    "take": "take",
+    "put": "put",
+    "open": "open/close",
+    "close": "open/close",
+    "clean": "clean/heat/cool",
+    "heat": "clean/heat/cool",
+    "cool": "clean/heat/cool",
+    "use": "use",
+    "look": "info",
+    "inventory": "info",
+    "examine": "info",
+}
+
+
+def net_credit_table(runs: dict[str, list[Path]], first: int = 5) -> str:
+    """Markdown: the net push the update gives each kind of action, per variant: Σ A over the rows of
+    that kind in an iteration (the policy-gradient direction on that kind, since the loss averages
+    −w·A over rows), averaged over the first ``first`` iterations and the seeds. A kind with a
+    negative net credit is unlearned whatever single steps of it deserved."""
+    from schemas.rundir import open_run
+
+    kinds = [*dict.fromkeys(ACTION_KINDS.values()), "invalid"]
+    lines = ["| variant | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+    verb = pl.col("action").str.split(" ").list.first()
+    kind = (
+        pl.when(~pl.col("valid"))
+        .then(pl.lit("invalid"))
+        .otherwise(verb.replace_strict(ACTION_KINDS, default="other"))
+    )
+    for variant, dirs in runs.items():
+        sums: dict[str, list[float]] = {k: [] for k in kinds}
+        for d in dirs:
+            run = open_run(d)
+            for it in [i for i in run.iterations() if i < first and run.stage_complete("advantage", i)]:
+                steps = run.read(it, "steps").select("traj_id", "step", "action", "valid")
+                adv = run.read(it, "advantages").select("traj_id", "step", "advantage")
+                per_kind = (
+                    steps.join(adv, on=["traj_id", "step"])
+                    .with_columns(kind.alias("kind"))
+                    .group_by("kind")
+                    .agg(pl.col("advantage").sum())
+                )
+                got = dict(zip(per_kind["kind"], per_kind["advantage"], strict=True))
+                for k in kinds:
+                    sums[k].append(float(got.get(k, 0.0)))
+        if sums[kinds[0]]:
+            lines.append(f"| {variant} | " + " | ".join(f"{np.mean(sums[k]):+.1f}" for k in kinds) + " |")
+    return "\n".join(lines)
+
+
 def expert_distance(game, limit: int = 80) -> int | None:
     """Turns the scripted expert needs from ``game``'s current state to win (None: it cannot)."""
     import copy
@@ -532,6 +584,9 @@ def main() -> None:
             diagnostics_table(runs),
             "Credit of invalid turns, valid moves and valid no-ops (mean over rows; all seeds):",
             validity_credit_table(runs),
+            "Net credit per kind of action (Σ A over its rows per iteration, first 5 iterations, mean over "
+            "seeds; the direction the update pushes that kind):",
+            net_credit_table(runs),
             *(
                 [
                     "Advantage sign vs the step's true effect (change of the scripted expert's turns-to-go "
