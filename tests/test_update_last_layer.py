@@ -109,7 +109,9 @@ def test_choice_rows_equal_the_full_forward(attn):
     torch.testing.assert_close(pruned_selected(model, batch), full_selected(model, batch), rtol=0, atol=1e-5)
     g_full = grads_of(model, lambda: full_selected(model, batch))
     g_pruned = grads_of(model, lambda: pruned_selected(model, batch))
-    torch.testing.assert_close(g_pruned, g_full, rtol=1e-5, atol=1e-5)
+    # float32 gradients summed in another order (SDPA's CPU kernel picks the order by ISA): one element
+    # of ~1.2 measured 2.3e-5 apart on this machine; a wrong mask or position id moves them by O(1)
+    torch.testing.assert_close(g_pruned, g_full, rtol=1e-4, atol=1e-4)
 
 
 def test_selection_order_is_kept_when_rows_are_interleaved():
