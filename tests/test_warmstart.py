@@ -51,6 +51,21 @@ def household(**options):
 # demos
 
 
+def replay(env, tasks, demos):
+    """Replay every demo trajectory from its task: yield (row, the expert's action there, the
+    observation before the row's action), then execute the row's action; returns nothing."""
+    from stages.envs.base import Episode
+
+    by_id = {t.task_id: t for t in tasks}
+    for _, traj in demos.group_by("traj_id", maintain_order=True):
+        episode = Episode(env, by_id[traj["task_id"][0]])
+        for row in traj.iter_rows(named=True):
+            before = episode.current
+            yield row, episode.game.expert_action(), before
+            record = episode.act(row["action"])
+            assert record.valid == row["valid"]
+
+
 def test_noise_free_demos_are_valid_steps_the_expert_wins_and_the_format_parses_back() -> None:
     env = household()
     tasks = env.tasks("train", 6, 0)
@@ -101,19 +116,12 @@ def test_noise_replaces_expert_actions_at_its_rate_and_is_deterministic() -> Non
     assert not a.equals(expert_demos(env, tasks, 32, noise=0.4, seed=6))
     validate_steps(a)
     # replay every trajectory and count the turns whose action differs from the expert's choice there
-    from stages.envs.base import Episode
-
-    by_id = {t.task_id: t for t in tasks}
     differs = turns = 0
-    for _, traj in a.group_by("traj_id", maintain_order=True):
-        episode = Episode(env, by_id[traj["task_id"][0]])
-        for action, response in zip(traj["action"], traj["response"], strict=True):
-            expert = episode.game.expert_action()
-            # DART: the label is the expert's answer at the visited state, whatever was executed
-            assert parse_response("alfworld", response) == expert
-            differs += action != expert
-            turns += 1
-            episode.act(action)
+    for row, expert, _ in replay(env, tasks, a):
+        # DART: the label is the expert's answer at the visited state, whatever was executed
+        assert parse_response("alfworld", row["response"]) == expert
+        differs += row["action"] != expert
+        turns += 1
     # P(differ) = 0.4 * (1 - 1/|admissible|) ~ 0.35; a random pick can equal the expert's action
     assert 0.2 < differs / turns < 0.45
     noisy = demo_summary(a, env.success_outcome)
@@ -125,31 +133,25 @@ def test_noise_replaces_expert_actions_at_its_rate_and_is_deterministic() -> Non
 def test_invalid_noise_executes_earlier_admissible_actions_that_leave_the_world_and_keep_the_expert_label() -> (
     None
 ):
-    from stages.envs.base import Episode
-
     env = household()
     tasks = env.tasks("train", 8, 0)
     a = expert_demos(env, tasks, 32, noise=0.3, invalid_noise=0.5, seed=3)
     assert a.equals(expert_demos(env, tasks, 32, noise=0.3, invalid_noise=0.5, seed=3))
     validate_steps(a)
     assert (a["policy_version"] == "expert+noise0.3+invalid0.5").all()
-    by_id = {t.task_id: t for t in tasks}
     invalid = turns = 0
-    for _, traj in a.group_by("traj_id", maintain_order=True):
-        episode = Episode(env, by_id[traj["task_id"][0]])
-        earlier: set[str] = set()
-        for row in traj.iter_rows(named=True):
-            before = episode.current
-            assert parse_response("alfworld", row["response"]) == episode.game.expert_action()
-            if not row["valid"]:
-                invalid += 1
-                # the learner's kind of mistake: admissible at an earlier turn, not now
-                assert row["action"] in earlier and row["action"] not in before.admissible
-                assert row["reward"] == pytest.approx(-0.1) and row["next_state"] == row["state"]
-            earlier |= set(before.admissible)
-            record = episode.act(row["action"])
-            assert record.valid == row["valid"]
-            turns += 1
+    earlier: set[str] = set()
+    for row, expert, before in replay(env, tasks, a):
+        if row["step"] == 0:
+            earlier = set()
+        assert parse_response("alfworld", row["response"]) == expert
+        if not row["valid"]:
+            invalid += 1
+            # the learner's kind of mistake: admissible at an earlier turn, not now
+            assert row["action"] in earlier and row["action"] not in before.admissible
+            assert row["reward"] == pytest.approx(-0.1) and row["next_state"] == row["state"]
+        earlier |= set(before.admissible)
+        turns += 1
     # P(invalid) = (1 - 0.3) * 0.5 on turns after the first that have an earlier action not admissible now
     assert 0.2 < invalid / turns < 0.4
     # the default draws nothing extra: the same stream as before invalid noise existed
@@ -160,25 +162,19 @@ def test_invalid_noise_executes_earlier_admissible_actions_that_leave_the_world_
 
 
 def test_keep_noise_labels_a_share_of_random_turns_with_their_own_action() -> None:
-    from stages.envs.base import Episode
-
     env = household()
     tasks = env.tasks("train", 8, 0)
     dart = expert_demos(env, tasks, 24, noise=0.5, seed=4)
     kept = expert_demos(env, tasks, 24, noise=0.5, keep_noise=0.5, seed=4)
     assert (kept["policy_version"] == "expert+noise0.5+kept0.5").all()
     validate_steps(kept)
-    by_id = {t.task_id: t for t in tasks}
     random_turns = own_label = 0
-    for _, traj in kept.group_by("traj_id", maintain_order=True):
-        episode = Episode(env, by_id[traj["task_id"][0]])
-        for action, response in zip(traj["action"], traj["response"], strict=True):
-            expert, label = episode.game.expert_action(), parse_response("alfworld", response)
-            assert label in (expert, action)  # DART's expert answer, or the executed action kept
-            if action != expert:
-                random_turns += 1
-                own_label += label == action
-            episode.act(action)
+    for row, expert, _ in replay(env, tasks, kept):
+        action, label = row["action"], parse_response("alfworld", row["response"])
+        assert label in (expert, action)  # DART's expert answer, or the executed action kept
+        if action != expert:
+            random_turns += 1
+            own_label += label == action
     assert 0.35 < own_label / random_turns < 0.65
     # the same random turns as DART's stream until the first kept draw: the first episode starts alike
     assert dart["action"][0] == kept["action"][0]
