@@ -38,7 +38,7 @@ leaves the world as it was; its response, as on every noisy turn, is the expert'
 the following turns show the recovery. A turn with no such action (the first) stays the expert's.
 
 Kept noise (``keep_noise``): DART labels make the warm start an expert copy; with invalid-turn noise
-it succeeded in 91% of the long benchmark's training episodes (BENCHMARKS.md), which leaves RL
+it succeeded in 91% of the long benchmark's training episodes on seed 0 (BENCHMARKS.md), leaving RL
 nothing to show. With probability ``keep_noise`` a random turn keeps its own action as its label
 (plain noise), so the clone is a partly random but valid policy — the CPU analogue of an instruct
 model that follows the format and lists admissible actions but is no expert. Invalid turns are never
