@@ -137,12 +137,13 @@ def train_sft(
 # the stage
 
 
-def sft_update_table(losses: Sequence[float], steps_per_epoch: int) -> pl.DataFrame:
+def sft_update_table(losses: Sequence[float], steps_per_epoch: int, first_epoch: int = 0) -> pl.DataFrame:
+    """Table ``update`` (iter -1) of one training phase: its losses, epochs numbered from ``first_epoch``."""
     n = len(losses)
     return pl.DataFrame(
         {
             "iter": pl.Series([SFT_ITER] * n, dtype=pl.Int32),
-            "epoch": pl.Series([i // steps_per_epoch for i in range(n)], dtype=pl.Int32),
+            "epoch": pl.Series([first_epoch + i // steps_per_epoch for i in range(n)], dtype=pl.Int32),
             "minibatch": pl.Series([i % steps_per_epoch for i in range(n)], dtype=pl.Int32),
             "name": ["loss"] * n,
             "value": [float(x) for x in losses],
@@ -150,9 +151,40 @@ def sft_update_table(losses: Sequence[float], steps_per_epoch: int) -> pl.DataFr
     )
 
 
+def _train_phase(
+    model: torch.nn.Module,
+    examples: Sequence[Example],
+    pad_id: int,
+    config: Config,
+    epochs: int,
+    label: str,
+    *stream: int | str,
+) -> list[float]:
+    """``train_sft`` with the config's settings and a progress bar; minibatch order seeded by
+    ``(run.seed, "sft", *stream)``."""
+    sft = config.sft
+    update, close = terminal_progress(label, -(-len(examples) // sft.batch_size) * epochs)
+    try:
+        return train_sft(
+            model,
+            examples,
+            pad_id,
+            lr=sft.lr,
+            epochs=epochs,
+            batch_size=sft.batch_size,
+            rng=derive_rng(config.run.seed, "sft", *stream),
+            on_step=lambda step, total, loss: update(step, f"loss {loss:.3f}"),
+        )
+    finally:
+        close()
+
+
 def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     """Write the warm start of ``run`` (demos, losses, checkpoint) from ``base_model``; return the
-    checkpoint. Finished parts are kept: existing demos are reused, a complete checkpoint returned."""
+    checkpoint. Finished parts are kept: existing demos are reused, a complete checkpoint returned.
+    With ``sft.dagger_rounds`` = R > 0, R DAgger rounds follow the cloning of the demos
+    (``stages.dagger``); each writes ``<run>/sft/dagger/round_r/`` (the clone that played, its relabelled
+    turns)."""
     from stages.policy.models import prompt_format
     from stages.rollout.from_config import make_environment
     from stages.update.checkpoint import load_model, load_tokenizer, save_checkpoint
@@ -176,23 +208,31 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     tokenizer = load_tokenizer(base_model, config.model.trust_remote_code)
     chat = prompt_format(model, tokenizer, config.model.prompt_format) == "chat"
     examples, cut = sft_examples(demos, tokenizer, chat, config.rollout.max_prompt_tokens)
-    update, close = terminal_progress("sft", -(-len(examples) // sft.batch_size) * sft.epochs)
-    try:
-        losses = train_sft(
+    pad_id = tokenizer.pad_token_id
+    losses = _train_phase(model, examples, pad_id, config, sft.epochs, "sft")
+    update_tables = [sft_update_table(losses, -(-len(examples) // sft.batch_size))]
+    summary: dict[str, float] = {}
+    for round_index in range(1, sft.dagger_rounds + 1):
+        relabelled, round_summary = _dagger_play(run, config, env, model, tokenizer, round_index)
+        examples = examples + sft_examples(relabelled, tokenizer, chat, config.rollout.max_prompt_tokens)[0]
+        round_losses = _train_phase(
             model,
             examples,
-            tokenizer.pad_token_id,
-            lr=sft.lr,
-            epochs=sft.epochs,
-            batch_size=sft.batch_size,
-            rng=derive_rng(config.run.seed, "sft"),
-            on_step=lambda step, total, loss: update(step, f"loss {loss:.3f}"),
+            pad_id,
+            config,
+            sft.dagger_epochs,
+            f"sft dagger {round_index}",
+            "dagger",
+            round_index,
         )
-    finally:
-        close()
+        first_epoch = sft.epochs + (round_index - 1) * sft.dagger_epochs
+        update_tables.append(sft_update_table(round_losses, -(-len(examples) // sft.batch_size), first_epoch))
+        losses += round_losses
+        summary.update(round_summary)
     summary = {
         **{f"demo_{k}": v for k, v in demo_summary(demos, env.success_outcome).items()},
-        "rows": float(len(examples)),
+        **summary,
+        "rows": float(len(examples)),  # demos plus every DAgger round's relabelled turns
         "prompt_truncated": float(cut),
         "response_tokens": float(sum(len(e.response_ids) for e in examples)),
         "optimizer_steps": float(len(losses)),
@@ -200,8 +240,45 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
         "loss_last": losses[-1],
         "seconds_sft": time.perf_counter() - start,
     }
-    steps_per_epoch = -(-len(examples) // sft.batch_size)
-    write_table(sft_update_table(losses, steps_per_epoch), "update", run.sft_dir / "update.parquet")
+    write_table(pl.concat(update_tables), "update", run.sft_dir / "update.parquet")
     write_table(metrics_frame(SFT_ITER, "sft", summary), "metrics", run.sft_dir / "metrics_sft.parquet")
     marker = {"stage": "sft", "base_model": str(base_model), "demos": str(demos_path), "rows": len(examples)}
     return save_checkpoint(target, model, tokenizer, marker)
+
+
+def _dagger_play(
+    run: Run, config: Config, env, model: torch.nn.Module, tokenizer, round_index: int
+) -> tuple[pl.DataFrame, dict[str, float]]:
+    """The play half of DAgger round ``round_index``: the clone so far plays ``sft.dagger_episodes``
+    episodes of the demos' task set and the expert relabels them. Returns the relabelled turns and the
+    round's metrics (success and invalid rate of the clone's own play)."""
+    from stages.dagger import dagger_round
+    from stages.rollout.from_config import make_engine
+    from stages.update.checkpoint import save_checkpoint
+
+    sft = config.sft
+    round_dir = run.sft_dir / "dagger" / f"round_{round_index}"
+    clone = save_checkpoint(
+        round_dir / "model", model, tokenizer, {"stage": "sft", "dagger_round": round_index}
+    )
+    count = config.env.train_tasks if sft.split == "train" else config.env.eval_tasks
+    played, relabelled = dagger_round(
+        make_engine(config, clone, f"dagger-r{round_index}"),
+        env,
+        env.tasks(sft.split, count, config.run.seed),
+        sft.dagger_episodes,
+        round_index=round_index,
+        seed=config.run.seed,
+        temperature=config.rollout.temperature,
+        history_length=config.rollout.history,
+        max_new_tokens=config.rollout.max_new_tokens,
+        max_prompt_tokens=config.rollout.max_prompt_tokens,
+        batch_size=config.rollout.batch_size,
+    )
+    write_table(relabelled, "steps", round_dir / "steps.parquet")
+    ends = played.filter(pl.col("done"))
+    return relabelled, {
+        f"dagger{round_index}_invalid_rate": float(1.0 - played["valid"].mean()),
+        f"dagger{round_index}_success_rate": float((ends["outcome"] >= env.success_outcome).mean()),
+        f"dagger{round_index}_rows": float(relabelled.height),
+    }
