@@ -41,7 +41,9 @@ def test_every_turn_gets_the_experts_answer_at_the_state_the_play_reached() -> N
     env = household()
     tasks = env.tasks("train", 4, 1)
     # off-expert play with invalid turns, labelled with its own random actions (kept noise 1)
-    played = expert_demos(env, tasks, 8, noise=0.6, invalid_noise=0.3, keep_noise=1.0, seed=3, history_length=2)
+    played = expert_demos(
+        env, tasks, 8, noise=0.6, invalid_noise=0.3, keep_noise=1.0, seed=3, history_length=2
+    )
     assert not played["valid"].all()
     relabelled = expert_relabel(env, tasks, played, history_length=2)
     validate_steps(relabelled)
