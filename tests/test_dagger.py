@@ -121,6 +121,13 @@ def test_dagger_rounds_add_the_clones_relabelled_turns_and_are_deterministic(tmp
     assert per_epoch["epoch"].to_list() == list(range(12))
     width = [-(-n // 16) for n in (demos.height, demos.height + rounds[0].height, int(values["rows"]))]
     assert per_epoch["len"].to_list() == [width[0]] * 8 + [width[1]] * 2 + [width[2]] * 2
+    from typer.testing import CliRunner
+
+    from graft_cli.app import app
+
+    shown = CliRunner().invoke(app, ["sft", str(tmp_path / "a")])
+    assert shown.exit_code == 0, shown.output
+    assert "dagger round 2: the clone played with invalid rate" in shown.output
     again = _warm_start(tmp_path / "b")
     want, got = (load_file(str(d / "model" / "model.safetensors")) for d in (sft_dir, again))
     assert sorted(want) == sorted(got)

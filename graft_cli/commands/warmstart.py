@@ -80,10 +80,15 @@ def sft(
     rows = read_table(run.sft_dir / "metrics_sft.parquet", "metrics").filter(pl.col("task_type").is_null())
     values = dict(zip(rows["name"].to_list(), rows["value"].to_list(), strict=True))
     typer.echo(
-        f"sft: {int(values['rows'])} demo rows (demo success {values['demo_success_rate']:.3f}), "
+        f"sft: {int(values['rows'])} rows (demo success {values['demo_success_rate']:.3f}), "
         f"{int(values['optimizer_steps'])} steps, loss {values['loss_first']:.3f} -> {values['loss_last']:.3f} "
         f"-> {path}"
     )
+    for r in range(1, config.sft.dagger_rounds + 1):
+        typer.echo(
+            f"  dagger round {r}: the clone played with invalid rate {values[f'dagger{r}_invalid_rate']:.3f} "
+            f"and success {values[f'dagger{r}_success_rate']:.3f}; {int(values[f'dagger{r}_rows'])} turns relabelled"
+        )
 
 
 def register(app: typer.Typer) -> None:
