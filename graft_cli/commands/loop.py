@@ -191,7 +191,13 @@ def register(app: typer.Typer) -> None:
                 console.print(
                     f"warm start: {cfg.sft.episodes} expert demos (noise {cfg.sft.noise:g}, "
                     f"invalid noise {cfg.sft.invalid_noise:g}), "
-                    f"{cfg.sft.epochs} epochs of behaviour cloning -> {run.sft_model_dir}",
+                    f"{cfg.sft.epochs} epochs of behaviour cloning"
+                    + (
+                        f", {cfg.sft.dagger_rounds} DAgger rounds of {cfg.sft.dagger_episodes} episodes"
+                        if cfg.sft.dagger_rounds
+                        else ""
+                    )
+                    + f" -> {run.sft_model_dir}",
                     highlight=False,
                     soft_wrap=True,
                 )
