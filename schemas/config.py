@@ -171,6 +171,10 @@ class SftConfig:
     epochs: int = 2
     lr: float = 3e-3
     batch_size: int = 32  # demo rows per optimizer step
+    tasks: int = (
+        0  # tasks the demos and DAgger rounds play; 0 = the split's count (env.train_tasks / eval_tasks)
+    )
+    env_options: dict[str, Any] = field(default_factory=dict)  # over env.options for the demos' environment
     dagger_rounds: int = 0  # DAgger rounds after cloning the demos (stages.dagger); 0 = plain cloning
     dagger_episodes: int = 32  # episodes the clone plays per round (round-robin over the split's tasks)
     dagger_epochs: int = 2  # epochs over all examples so far after each round
@@ -424,6 +428,7 @@ RANGES: dict[str, Rule] = {
     "sft.epochs": _at_least(1),
     "sft.lr": _above(0),
     "sft.batch_size": _at_least(1),
+    "sft.tasks": _at_least(0),
     "sft.dagger_rounds": _at_least(0),
     "sft.dagger_episodes": _at_least(1),
     "sft.dagger_epochs": _at_least(1),

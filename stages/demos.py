@@ -206,11 +206,12 @@ def split_demos(
     noise: float,
     invalid_noise: float = 0.0,
     keep_noise: float = 0.0,
+    tasks: int = 0,
 ) -> pl.DataFrame:
     """``episodes`` expert episodes over the run's ``split`` task set (``env.train_tasks`` or
-    ``env.eval_tasks`` tasks from ``run.seed``: the sets the loop and the evaluation draw from), with the
-    run's prompt history; noise stream from ``run.seed``."""
-    count = config.env.train_tasks if split == "train" else config.env.eval_tasks
+    ``env.eval_tasks`` tasks from ``run.seed``: the sets the loop and the evaluation draw from; ``tasks``
+    > 0: that many tasks instead), with the run's prompt history; noise stream from ``run.seed``."""
+    count = tasks or (config.env.train_tasks if split == "train" else config.env.eval_tasks)
     return expert_demos(
         env,
         env.tasks(split, count, config.run.seed),

@@ -32,3 +32,7 @@ def check_startable(config: Config) -> None:
         )
     resolve_device(config.run.device)
     make_environment(config)  # checks the environment's options, data root and packages
+    if config.sft.enabled and config.sft.env_options:
+        from stages.rollout.from_config import make_demo_environment
+
+        make_demo_environment(config)  # and the warm start's

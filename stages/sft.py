@@ -186,7 +186,7 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     (``stages.dagger``); each writes ``<run>/sft/dagger/round_r/`` (the clone that played, its relabelled
     turns)."""
     from stages.policy.models import prompt_format
-    from stages.rollout.from_config import make_environment
+    from stages.rollout.from_config import make_demo_environment
     from stages.update.checkpoint import load_model, load_tokenizer, save_checkpoint
 
     target = run.sft_model_dir
@@ -194,13 +194,13 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
         return target
     sft = config.sft
     start = time.perf_counter()
-    env = make_environment(config)
+    env = make_demo_environment(config)
     demos_path = run.demos_path
     if demos_path.is_file():
         demos = read_table(demos_path, "steps")
     else:
         demos = split_demos(
-            env, config, sft.split, sft.episodes, sft.noise, sft.invalid_noise, sft.keep_noise
+            env, config, sft.split, sft.episodes, sft.noise, sft.invalid_noise, sft.keep_noise, sft.tasks
         )
         write_table(demos, "steps", demos_path)
     torch.set_num_threads(max(1, config.run.torch_threads))
@@ -261,7 +261,7 @@ def _dagger_play(
     clone = save_checkpoint(
         round_dir / "model", model, tokenizer, {"stage": "sft", "dagger_round": round_index}
     )
-    count = config.env.train_tasks if sft.split == "train" else config.env.eval_tasks
+    count = sft.tasks or (config.env.train_tasks if sft.split == "train" else config.env.eval_tasks)
     played, relabelled = dagger_round(
         make_engine(config, clone, f"dagger-r{round_index}"),
         env,

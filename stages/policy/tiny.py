@@ -16,7 +16,7 @@ private torch generator state seeded with ``seed``; the global RNG is left untou
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,11 +147,13 @@ def build_tiny_model(
     prompt_fn: PromptFn | None = None,
     info: dict[str, Any] | None = None,
     on_task: TaskHook | None = None,
+    also: Sequence[Environment] = (),
 ) -> Path:
     """Build the tiny model for ``env`` into directory ``out`` (atomically: complete or absent).
 
     ``tasks_per_split``: see ``vocab_tasks_for`` (0 = the environment's default). ``on_task``
-    follows the vocabulary collection (default: a progress bar on a terminal).
+    follows the vocabulary collection (default: a progress bar on a terminal). ``also``: further
+    environments whose texts join the vocabulary (the warm start's rooms, ``sft.env_options``).
     """
     spec.check()
     tasks_per_split = vocab_tasks_for(env, tasks_per_split)
@@ -163,7 +165,11 @@ def build_tiny_model(
     try:
         texts = list(
             dict.fromkeys(
-                environment_texts(env, tasks_per_split=tasks_per_split, prompt_fn=prompt_fn, on_task=on_task)
+                text
+                for source in (env, *also)
+                for text in environment_texts(
+                    source, tasks_per_split=tasks_per_split, prompt_fn=prompt_fn, on_task=on_task
+                )
             )
         )
     finally:

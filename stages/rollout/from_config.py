@@ -59,6 +59,22 @@ def make_environment(config: Config) -> Environment:
     )
 
 
+def make_demo_environment(config: Config) -> Environment:
+    """The environment the warm start's demos and DAgger rounds play: the run's, with
+    ``sft.env_options`` over ``env.options`` (e.g. other rooms than the benchmark's)."""
+    if not config.sft.env_options:
+        return make_environment(config)
+    from stages.envs.registry import make_env
+
+    return make_env(
+        config.env.name,
+        max_turns=config.env.max_turns,
+        invalid_penalty=config.env.invalid_penalty,
+        data=config.env.data,
+        **{**config.env.options, **config.sft.env_options},
+    )
+
+
 def ensure_initial_model(run: Run, config: Config) -> Path:
     """The initial (reference) policy, made once: ``model.path`` or the tiny model built into
     ``run/model``, then — when ``sft.enabled`` — the warm start cloned from it into ``run/sft/model``."""
@@ -85,9 +101,12 @@ def build_tiny_for_config(out: Path, config: Config) -> Path:
         hidden=config.model.tiny_hidden, layers=config.model.tiny_layers, heads=config.model.tiny_heads
     )
     info = {"env": config.env.name, "env_options": dict(config.env.options)}
+    # the warm start's rooms may show words the run's do not
+    also = [make_demo_environment(config)] if config.sft.enabled and config.sft.env_options else []
     return build_tiny_model(
         out,
         make_environment(config),
+        also=also,
         seed=config.run.seed,
         spec=spec,
         tasks_per_split=config.model.tiny_vocab_tasks,
