@@ -171,9 +171,7 @@ class SftConfig:
     epochs: int = 2
     lr: float = 3e-3
     batch_size: int = 32  # demo rows per optimizer step
-    tasks: int = (
-        0  # tasks the demos and DAgger rounds play; 0 = the split's count (env.train_tasks / eval_tasks)
-    )
+    tasks: int = 0  # tasks the demos and DAgger rounds play; 0 = the split's task count
     env_options: dict[str, Any] = field(default_factory=dict)  # over env.options for the demos' environment
     dagger_rounds: int = 0  # DAgger rounds after cloning the demos (stages.dagger); 0 = plain cloning
     dagger_episodes: int = 32  # episodes the clone plays per round (round-robin over the split's tasks)

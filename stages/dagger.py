@@ -32,6 +32,7 @@ from stages.demos import DEMO_COLUMNS, demo_response
 from stages.envs.base import Environment, Episode, Task
 from stages.envs.prompts import episode_prompt
 from stages.policy.engine import PolicyEngine
+from stages.policy.sampling import derive_seed
 from stages.rollout.collect import collect_episodes
 
 DAGGER_VERSION = "dagger"
@@ -111,7 +112,7 @@ def dagger_round(
         mode="generate",
         temperature=temperature,
         history_length=history_length,
-        seed=_round_seed(seed, round_index),
+        seed=derive_seed(seed, "dagger", round_index),
         iteration=0,
         policy_version=f"{DAGGER_VERSION}-r{round_index}",
         batch_size=batch_size,
@@ -119,9 +120,3 @@ def dagger_round(
         max_prompt_tokens=max_prompt_tokens,
     )
     return steps, expert_relabel(env, tasks, steps, history_length=history_length)
-
-
-def _round_seed(seed: int, round_index: int) -> int:
-    from stages.policy.sampling import derive_seed
-
-    return derive_seed(seed, "dagger", round_index)

@@ -198,6 +198,13 @@ def expert_demos(
     return frame.sort(["group_id", "traj_id", "step"], maintain_order=True)
 
 
+def split_tasks(env: Environment, config: Config, split: str, tasks: int = 0) -> list[Task]:
+    """The run's ``split`` task set (``env.train_tasks`` or ``env.eval_tasks`` tasks from ``run.seed``),
+    or ``tasks`` > 0 tasks of that split."""
+    count = tasks or (config.env.train_tasks if split == "train" else config.env.eval_tasks)
+    return env.tasks(split, count, config.run.seed)
+
+
 def split_demos(
     env: Environment,
     config: Config,
@@ -211,10 +218,9 @@ def split_demos(
     """``episodes`` expert episodes over the run's ``split`` task set (``env.train_tasks`` or
     ``env.eval_tasks`` tasks from ``run.seed``: the sets the loop and the evaluation draw from; ``tasks``
     > 0: that many tasks instead), with the run's prompt history; noise stream from ``run.seed``."""
-    count = tasks or (config.env.train_tasks if split == "train" else config.env.eval_tasks)
     return expert_demos(
         env,
-        env.tasks(split, count, config.run.seed),
+        split_tasks(env, config, split, tasks),
         episodes,
         noise=noise,
         invalid_noise=invalid_noise,

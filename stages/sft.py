@@ -34,7 +34,7 @@ from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run, checkpoint_complete
-from stages.demos import demo_summary, split_demos
+from stages.demos import demo_summary, split_demos, split_tasks
 from stages.diagnostics import metrics_frame
 from stages.policy.sampling import derive_rng
 from stages.progress import terminal_progress
@@ -261,11 +261,10 @@ def _dagger_play(
     clone = save_checkpoint(
         round_dir / "model", model, tokenizer, {"stage": "sft", "dagger_round": round_index}
     )
-    count = sft.tasks or (config.env.train_tasks if sft.split == "train" else config.env.eval_tasks)
     played, relabelled = dagger_round(
         make_engine(config, clone, f"dagger-r{round_index}"),
         env,
-        env.tasks(sft.split, count, config.run.seed),
+        split_tasks(env, config, sft.split, sft.tasks),
         sft.dagger_episodes,
         round_index=round_index,
         seed=config.run.seed,
@@ -276,9 +275,8 @@ def _dagger_play(
         batch_size=config.rollout.batch_size,
     )
     write_table(relabelled, "steps", round_dir / "steps.parquet")
-    ends = played.filter(pl.col("done"))
     return relabelled, {
         f"dagger{round_index}_invalid_rate": float(1.0 - played["valid"].mean()),
-        f"dagger{round_index}_success_rate": float((ends["outcome"] >= env.success_outcome).mean()),
+        f"dagger{round_index}_success_rate": demo_summary(played, env.success_outcome)["success_rate"],
         f"dagger{round_index}_rows": float(relabelled.height),
     }

@@ -47,7 +47,8 @@ def make_engine(config: Config, model_dir: str | Path, version: str = INITIAL_VE
     return engine
 
 
-def make_environment(config: Config) -> Environment:
+def make_environment(config: Config, options: dict | None = None) -> Environment:
+    """The run's environment (``options``: instead of ``env.options``)."""
     from stages.envs.registry import make_env
 
     return make_env(
@@ -55,24 +56,14 @@ def make_environment(config: Config) -> Environment:
         max_turns=config.env.max_turns,
         invalid_penalty=config.env.invalid_penalty,
         data=config.env.data,
-        **config.env.options,
+        **(config.env.options if options is None else options),
     )
 
 
 def make_demo_environment(config: Config) -> Environment:
     """The environment the warm start's demos and DAgger rounds play: the run's, with
     ``sft.env_options`` over ``env.options`` (e.g. other rooms than the benchmark's)."""
-    if not config.sft.env_options:
-        return make_environment(config)
-    from stages.envs.registry import make_env
-
-    return make_env(
-        config.env.name,
-        max_turns=config.env.max_turns,
-        invalid_penalty=config.env.invalid_penalty,
-        data=config.env.data,
-        **{**config.env.options, **config.sft.env_options},
-    )
+    return make_environment(config, {**config.env.options, **config.sft.env_options})
 
 
 def ensure_initial_model(run: Run, config: Config) -> Path:
