@@ -168,8 +168,11 @@ class SftConfig:
     invalid_noise: float = 0.0  # probability that another turn executes an inadmissible action
     keep_noise: float = 0.0  # probability that a random turn is labelled with its own action (not DART)
     split: Literal["train", "eval"] = "train"  # task set the demos are played on
+    think: Literal["verb", "situation"] = "verb"  # the demos' <think>: the action's verb, or the situation
     epochs: int = 2
     lr: float = 3e-3
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # per training phase (demos, each DAgger round)
+    warmup_steps: int = 0  # linear warm-up at the start of every training phase
     batch_size: int = 32  # demo rows per optimizer step
     tasks: int = 0  # tasks the demos and DAgger rounds play; 0 = the split's task count
     env_options: dict[str, Any] = field(default_factory=dict)  # over env.options for the demos' environment
@@ -425,6 +428,7 @@ RANGES: dict[str, Rule] = {
     "sft.keep_noise": _within(0, 1),  # a probability
     "sft.epochs": _at_least(1),
     "sft.lr": _above(0),
+    "sft.warmup_steps": _at_least(0),
     "sft.batch_size": _at_least(1),
     "sft.tasks": _at_least(0),
     "sft.dagger_rounds": _at_least(0),

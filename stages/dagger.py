@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from schemas.errors import GraftError
-from stages.demos import DEMO_COLUMNS, demo_response
+from stages.demos import DEMO_COLUMNS, demo_response, turn_think
 from stages.envs.base import Environment, Episode, Task
 from stages.envs.prompts import episode_prompt
 from stages.policy.engine import PolicyEngine
@@ -45,6 +45,7 @@ def expert_relabel(
     *,
     history_length: int,
     prompt_fn: Callable[..., str] | None = None,
+    think: str = "verb",
 ) -> pl.DataFrame:
     """``steps`` (a rollout of ``tasks``) with every turn's ``prompt`` re-rendered as the demos render
     it and its ``response`` replaced by the expert's answer at that turn's state (the demos' columns,
@@ -65,6 +66,7 @@ def expert_relabel(
                 raise GraftError(f"dagger: trajectory {traj_id} has turns after its episode ended on replay")
             prompt = episode_prompt(style, episode, history_length, prompt_fn)
             expert = episode.game.expert_action()
+            thought = turn_think(think, episode.game, style, expert) if expert is not None else None
             record = episode.act(row["action"])
             if record.state != row["state"]:
                 raise GraftError(
@@ -77,7 +79,7 @@ def expert_relabel(
                 {
                     **{name: row[name] for name in DEMO_COLUMNS},
                     "prompt": prompt,
-                    "response": demo_response(style, expert),
+                    "response": demo_response(style, expert, thought),
                     "policy_version": DAGGER_VERSION,
                 }
             )
@@ -98,6 +100,7 @@ def dagger_round(
     max_new_tokens: int,
     max_prompt_tokens: int,
     batch_size: int,
+    think: str = "verb",
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The clone in ``engine`` plays ``episodes`` generate-mode episodes round-robin over ``tasks``
     (random streams ``(seed, "dagger", round_index)``); return (its steps, their expert relabelling)."""
@@ -119,4 +122,4 @@ def dagger_round(
         max_new_tokens=max_new_tokens,
         max_prompt_tokens=max_prompt_tokens,
     )
-    return steps, expert_relabel(env, tasks, steps, history_length=history_length)
+    return steps, expert_relabel(env, tasks, steps, history_length=history_length, think=think)

@@ -70,16 +70,36 @@ DEMO_COLUMNS = tuple(
 )
 
 
+THINK_TEMPLATES = ("verb", "situation")  # sft.think: what the demos' <think> says (module docstring)
+
+
 def think_text(style: str, action: str) -> str:
-    """The warm start's thinking text for ``action``: the kind of step it is (see the module docstring)."""
+    """The ``verb`` thinking text for ``action``: the kind of step it is (see the module docstring)."""
     if style == "search":
         return action.split(":", 1)[0].strip()
     return action.split(" ", 1)[0]
 
 
-def demo_response(style: str, action: str) -> str:
-    """``action`` written in the paper's response format for prompt ``style``."""
-    think = f"<think>{think_text(style, action)}</think>"
+def check_think(env: Environment, think: str) -> None:
+    """Refuse a thinking template ``env`` cannot fill (``situation`` needs ``Game.situation()``)."""
+    if think not in THINK_TEMPLATES:
+        raise GraftError(f"demos: unknown think template '{think}'; templates: {', '.join(THINK_TEMPLATES)}")
+    if think == "situation" and not callable(getattr(env.new_game(), "situation", None)):
+        raise GraftError(
+            f"demos: think = 'situation' needs an environment whose games describe their situation "
+            f"(household does); '{env.name}' has none: use think = 'verb'"
+        )
+
+
+def turn_think(think: str, game: Any, style: str, action: str) -> str:
+    """The thinking text of a demo turn whose label is ``action``, from ``game`` before it acts."""
+    return game.situation() if think == "situation" else think_text(style, action)
+
+
+def demo_response(style: str, action: str, think: str | None = None) -> str:
+    """``action`` written in the paper's response format for prompt ``style``; ``think`` is the
+    thinking text (default: the ``verb`` template)."""
+    think = f"<think>{think_text(style, action) if think is None else think}</think>"
     if style == "search":
         from stages.envs.prompts import search_action_markup
 
@@ -108,17 +128,20 @@ def expert_demos(
     seed: int = 0,
     history_length: int = 2,
     prompt_fn: Callable[..., str] | None = None,
+    think: str = "verb",
 ) -> pl.DataFrame:
     """Play ``episodes`` expert episodes (round-robin over ``tasks``) into steps rows (SPEC §3).
 
     ``noise``: probability that a turn's expert action is replaced by a uniformly random admissible
     action (also used when the expert has no action); ``invalid_noise``: probability that a turn that
     is not such a random one executes an inadmissible action; ``keep_noise``: probability that a random
-    turn is labelled with its own action instead of the expert's (module docstring). Group ``d-gNNN`` = task ``NNN`` of ``tasks``;
+    turn is labelled with its own action instead of the expert's (module docstring); ``think``: the
+    thinking template (``THINK_TEMPLATES``). Group ``d-gNNN`` = task ``NNN`` of ``tasks``;
     trajectory ``d-gNNN-rK`` = its K-th episode.
     """
     if not tasks:
         raise GraftError("demos: the task list is empty")
+    check_think(env, think)
     if episodes < 1:
         raise GraftError(f"demos: episodes must be >= 1, got {episodes}")
     for name, p in (("noise", noise), ("invalid_noise", invalid_noise), ("keep_noise", keep_noise)):
@@ -164,6 +187,8 @@ def expert_demos(
                     f"demos: the {env.name} expert has no action in task {task.task_id} and the "
                     "environment lists no admissible actions"
                 )
+            label = label if label is not None else action
+            thought = turn_think(think, episode.game, style, label)  # the state the prompt shows
             record = episode.act(action)
             rows.append(
                 {
@@ -179,7 +204,7 @@ def expert_demos(
                     "truncated": record.truncated,
                     "prompt": prompt,
                     # the expert's answer at this state, also on a noisy turn (see the docstring)
-                    "response": demo_response(style, label if label is not None else action),
+                    "response": demo_response(style, label, thought),
                     "error": record.error,
                 }
             )
@@ -214,6 +239,7 @@ def split_demos(
     invalid_noise: float = 0.0,
     keep_noise: float = 0.0,
     tasks: int = 0,
+    think: str = "verb",
 ) -> pl.DataFrame:
     """``episodes`` expert episodes over the run's ``split`` task set (``env.train_tasks`` or
     ``env.eval_tasks`` tasks from ``run.seed``: the sets the loop and the evaluation draw from; ``tasks``
@@ -227,6 +253,7 @@ def split_demos(
         keep_noise=keep_noise,
         seed=config.run.seed,
         history_length=config.rollout.history,
+        think=think,
     )
 
 

@@ -31,8 +31,10 @@ def check_startable(config: Config) -> None:
             "on CPU use rollout.engine = 'hf', e.g. a preset in configs/cpu/)"
         )
     resolve_device(config.run.device)
-    make_environment(config)  # checks the environment's options, data root and packages
-    if config.sft.enabled and config.sft.env_options:
+    env = make_environment(config)  # checks the environment's options, data root and packages
+    if config.sft.enabled:
+        from stages.demos import check_think
         from stages.rollout.from_config import make_demo_environment
 
-        make_demo_environment(config)  # and the warm start's
+        demo_env = make_demo_environment(config) if config.sft.env_options else env  # and the warm start's
+        check_think(demo_env, config.sft.think)

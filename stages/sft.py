@@ -21,6 +21,7 @@ killed midway is redone from the start, which gives identical weights (CPU, same
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,6 +102,22 @@ def minibatch_order(n: int, batch_size: int, epochs: int, rng: np.random.Generat
     return batches
 
 
+def lr_factor(step: int, total: int, schedule: str, warmup_steps: int) -> float:
+    """Multiplier of the base learning rate at optimizer step ``step`` (0-based) of a phase of
+    ``total`` steps: a linear warm-up over the first ``warmup_steps`` steps ((step + 1) / warmup),
+    then 1 (``constant``) or a half cosine from 1 down to 0 over the remaining steps (``cosine``:
+    0.5 (1 + cos(π s / S)) with s the steps since the warm-up and S their count, so the last step
+    trains at a small but non-zero rate)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise GraftError(f"sft: unknown lr schedule '{schedule}' (constant, cosine)")
+    span = max(1, total - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup_steps) / span))
+
+
 def train_sft(
     model: torch.nn.Module,
     examples: Sequence[Example],
@@ -111,11 +128,18 @@ def train_sft(
     batch_size: int,
     rng: np.random.Generator,
     grad_clip: float = 1.0,
+    lr_schedule: str = "constant",
+    warmup_steps: int = 0,
     on_step: Callable[[int, int, float], None] | None = None,
 ) -> list[float]:
-    """Clone ``examples`` into ``model`` (in place); return the loss of every optimizer step."""
+    """Clone ``examples`` into ``model`` (in place); return the loss of every optimizer step.
+
+    The learning rate of step ``t`` is ``lr * lr_factor(t, steps, lr_schedule, warmup_steps)``."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = minibatch_order(len(examples), batch_size, epochs, rng)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, len(schedule), lr_schedule, warmup_steps)
+    )
     model.train()
     losses = []
     for step, rows in enumerate(schedule):
@@ -126,6 +150,7 @@ def train_sft(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
+        scheduler.step()
         losses.append(float(loss.item()))
         if on_step is not None:
             on_step(step + 1, len(schedule), losses[-1])
@@ -173,6 +198,8 @@ def _train_phase(
             epochs=epochs,
             batch_size=sft.batch_size,
             rng=derive_rng(config.run.seed, "sft", *stream),
+            lr_schedule=sft.lr_schedule,
+            warmup_steps=sft.warmup_steps,
             on_step=lambda step, total, loss: update(step, f"loss {loss:.3f}"),
         )
     finally:
@@ -200,7 +227,15 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
         demos = read_table(demos_path, "steps")
     else:
         demos = split_demos(
-            env, config, sft.split, sft.episodes, sft.noise, sft.invalid_noise, sft.keep_noise, sft.tasks
+            env,
+            config,
+            sft.split,
+            sft.episodes,
+            sft.noise,
+            sft.invalid_noise,
+            sft.keep_noise,
+            sft.tasks,
+            sft.think,
         )
         write_table(demos, "steps", demos_path)
     torch.set_num_threads(max(1, config.run.torch_threads))
@@ -273,6 +308,7 @@ def _dagger_play(
         max_new_tokens=config.rollout.max_new_tokens,
         max_prompt_tokens=config.rollout.max_prompt_tokens,
         batch_size=config.rollout.batch_size,
+        think=sft.think,
     )
     write_table(relabelled, "steps", round_dir / "steps.parquet")
     return relabelled, {

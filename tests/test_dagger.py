@@ -66,6 +66,23 @@ def test_every_turn_gets_the_experts_answer_at_the_state_the_play_reached() -> N
     assert not relabelled["response"].equals(played["response"])
 
 
+def test_situation_labels_think_the_state_the_play_reached() -> None:
+    from stages.envs.parser import parse_response
+    from tests.test_warmstart import situation_from_state
+
+    env = household()
+    tasks = env.tasks("train", 4, 2)
+    played = expert_demos(
+        env, tasks, 8, noise=0.6, invalid_noise=0.3, keep_noise=1.0, seed=1, history_length=2
+    )
+    verb = expert_relabel(env, tasks, played, history_length=2)
+    situation = expert_relabel(env, tasks, played, history_length=2, think="situation")
+    assert situation.height == verb.height > 0
+    for row_s, row_v in zip(situation.iter_rows(named=True), verb.iter_rows(named=True), strict=True):
+        assert parse_response("alfworld", row_s["response"]) == parse_response("alfworld", row_v["response"])
+        assert row_s["response"].startswith(f"<think>{situation_from_state(row_s['state'])}</think>")
+
+
 def test_a_replay_that_reaches_another_state_is_an_error() -> None:
     env = household()
     tasks = env.tasks("train", 2, 0)

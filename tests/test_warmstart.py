@@ -17,7 +17,15 @@ from schemas.rundir import create_run, open_run
 from stages.demos import demo_summary, expert_demos, inadmissible_action
 from stages.envs.parser import parse_response
 from stages.envs.registry import make_env
-from stages.sft import Example, collate, minibatch_order, response_loss, sft_examples, train_sft
+from stages.sft import (
+    Example,
+    collate,
+    lr_factor,
+    minibatch_order,
+    response_loss,
+    sft_examples,
+    train_sft,
+)
 
 HOUSEHOLD = {"shuffle": True, "receptacles": 6, "distractors": 2, "objects_per_type": 2, "info_actions": True}
 
@@ -284,6 +292,54 @@ def test_a_few_sft_steps_lower_the_response_loss(tmp_path: Path) -> None:
     assert after < 0.8 * before
 
 
+def test_lr_factor_warms_up_linearly_then_follows_the_half_cosine() -> None:
+    # constant: 1 after the warm-up, whose step s trains at (s + 1) / warmup
+    assert [lr_factor(s, 10, "constant", 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    # cosine over 10 steps, no warm-up: 0.5 (1 + cos(pi s / 10))
+    assert lr_factor(0, 10, "cosine", 0) == 1.0
+    assert lr_factor(5, 10, "cosine", 0) == pytest.approx(0.5)
+    assert lr_factor(9, 10, "cosine", 0) == pytest.approx(0.5 * (1 + np.cos(0.9 * np.pi)))
+    # cosine after a 2-step warm-up spans the 8 steps left
+    assert lr_factor(1, 10, "cosine", 2) == 1.0
+    assert lr_factor(2, 10, "cosine", 2) == 1.0
+    assert lr_factor(6, 10, "cosine", 2) == pytest.approx(0.5)
+    factors = [lr_factor(s, 50, "cosine", 5) for s in range(50)]
+    assert all(a >= b for a, b in zip(factors[5:-1], factors[6:], strict=True)) and 0 < factors[-1] < 0.01
+    with pytest.raises(GraftError, match="schedule"):
+        lr_factor(0, 10, "linear", 0)
+
+
+def test_train_sft_steps_at_the_scheduled_learning_rates(tmp_path: Path) -> None:
+    # the learning rate each optimizer step actually used, recorded as AdamW steps
+    env, model, tokenizer = _tiny_model_and_tokenizer(tmp_path)
+    demos = expert_demos(env, env.tasks("train", 2, 0), 2, seed=0, history_length=0)
+    examples, _ = sft_examples(demos, tokenizer, chat=False, max_prompt_tokens=1024)
+    seen: list[float] = []
+    original = torch.optim.AdamW.step
+
+    def recording_step(self, *args, **kwargs):
+        seen.append(self.param_groups[0]["lr"])
+        return original(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = recording_step  # type: ignore[method-assign]
+    try:
+        losses = train_sft(
+            model,
+            examples,
+            tokenizer.pad_token_id,
+            lr=1e-2,
+            epochs=2,
+            batch_size=max(1, len(examples) // 3),
+            rng=np.random.default_rng(0),
+            lr_schedule="cosine",
+            warmup_steps=2,
+        )
+    finally:
+        torch.optim.AdamW.step = original  # type: ignore[method-assign]
+    assert len(seen) == len(losses)
+    assert seen == pytest.approx([1e-2 * lr_factor(s, len(losses), "cosine", 2) for s in range(len(losses))])
+
+
 def test_minibatch_order_covers_every_row_once_per_epoch() -> None:
     batches = minibatch_order(10, 4, 3, np.random.default_rng(1))
     assert [len(b) for b in batches] == [4, 4, 2] * 3
@@ -299,6 +355,8 @@ def test_sft_config_is_validated() -> None:
         ("sft.epochs", "0", "sft.epochs"),
         ("sft.lr", "inf", "sft.lr"),
         ("sft.split", '"test"', "sft.split"),
+        ("sft.lr_schedule", '"linear"', "sft.lr_schedule"),
+        ("sft.warmup_steps", "-1", "sft.warmup_steps"),
     ]:
         with pytest.raises(GraftError, match=message):
             load_config(None, [f"{key}={value}"])
@@ -394,3 +452,93 @@ def test_graft_sft_refuses_a_run_without_a_warm_start(tmp_path: Path) -> None:
     run = create_run(tmp_path / "r", load_config(None, ["sft.enabled=false"]))
     result = CliRunner().invoke(app, ["sft", str(run.root)])
     assert result.exit_code == 2 and "sft.enabled is false" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# the situation thinking template (sft.think = "situation")
+
+
+def situation_from_state(state_key: str) -> str:
+    """Independent reference: the situation text from the household state key ``at=...|hold=...|...``."""
+    fields = dict(part.split("=", 1) for part in state_key.split("|")[:2])
+    held = "nothing" if fields["hold"] == "-" else fields["hold"]
+    return f"at {fields['at']} carrying {held}"
+
+
+def test_the_household_situation_names_location_and_held_object() -> None:
+    from stages.envs.base import Episode
+
+    env = household(shuffle=False, receptacles=6)
+    episode = Episode(env, env.tasks("train", 1, 0)[0])
+    assert episode.game.situation() == "at middle carrying nothing"
+    while not episode.done:
+        action = episode.game.expert_action()
+        episode.act(action)
+        if episode.done:
+            break
+        assert episode.game.situation() == situation_from_state(episode.current.state_key)
+        if action.startswith("go to "):
+            assert episode.game.situation().startswith(f"at {action[6:]} carrying ")
+        if action.startswith("take "):
+            assert episode.game.situation().endswith(f"carrying {action[5:].split(' from ')[0]}")
+
+
+def test_situation_demos_think_the_state_before_the_turn_and_keep_the_verb_demos_actions() -> None:
+    env = household()
+    tasks = env.tasks("train", 6, 0)
+    options = {"noise": 0.5, "invalid_noise": 0.2, "keep_noise": 0.5, "seed": 5}
+    verb = expert_demos(env, tasks, 12, **options)
+    situation = expert_demos(env, tasks, 12, think="situation", **options)
+    validate_steps(situation)
+    # the template changes the thinking text only: same executed actions, same labels
+    assert situation.select("traj_id", "step", "action", "valid", "state").equals(
+        verb.select("traj_id", "step", "action", "valid", "state")
+    )
+    for row_s, row_v in zip(situation.iter_rows(named=True), verb.iter_rows(named=True), strict=True):
+        assert parse_response("alfworld", row_s["response"]) == parse_response("alfworld", row_v["response"])
+        assert row_s["response"].startswith(f"<think>{situation_from_state(row_s['state'])}</think><action>")
+
+
+def test_the_situation_template_is_refused_where_the_game_has_no_situation(tmp_path: Path) -> None:
+    env = make_env("search")
+    with pytest.raises(GraftError, match="situation"):
+        expert_demos(env, env.tasks("train", 2, 0), 2, think="situation")
+    with pytest.raises(GraftError, match="unknown think template"):
+        expert_demos(household(), household().tasks("train", 2, 0), 2, think="plan")
+    result = CliRunner().invoke(
+        app, ["demos", "search", "-o", str(tmp_path / "d"), "--episodes", "2", "--think", "situation"]
+    )
+    assert result.exit_code == 2 and "situation" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "d").exists()
+    # a loop start is refused before its run directory is written
+    run_dir = tmp_path / "run"
+    start = CliRunner().invoke(
+        app,
+        [
+            "loop",
+            "--run",
+            str(run_dir),
+            "--iters",
+            "1",
+            "--set",
+            "env.name=search",
+            "--set",
+            "sft.enabled=true",
+        ]
+        + ["--set", 'sft.think="situation"'],
+    )
+    assert start.exit_code == 2 and "situation" in start.output
+    assert not (run_dir / "config.toml").exists()
+
+
+def test_the_tiny_vocabulary_has_every_situation_word(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from stages.policy.tiny import build_tiny_model
+    from stages.policy.tokenizer import vocabulary_misses
+
+    env = household(shuffle=False, receptacles=6)
+    demos = expert_demos(env, env.tasks("train", 6, 0), 12, noise=0.5, think="situation", seed=1)
+    path = build_tiny_model(tmp_path / "tiny", env, tasks_per_split=8, on_task=lambda *_: None)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert vocabulary_misses(tokenizer, demos["response"].to_list()) == set()

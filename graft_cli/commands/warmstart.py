@@ -31,6 +31,12 @@ def demos(
         "--keep-noise",
         help="Probability that a random turn keeps its own action as the response (plain noise, not DART).",
     ),
+    think: str = typer.Option(
+        "verb",
+        "--think",
+        help="The responses' thinking text: verb (the action's first word) | situation (where the "
+        "agent is and what it carries; household).",
+    ),
     split: str = typer.Option("train", "--split", help="Task set: train | eval."),
     seed: int = typer.Option(0, "--seed", help="Task-set and noise seed."),
     config: Path = typer.Option(None, "--config", help="Run config (TOML) whose [env] section to use."),
@@ -49,7 +55,7 @@ def demos(
         raise GraftError(f"--split {split!r}: expected train or eval")
     cfg = load_config(config, [f"env.name={env_name}", f"run.seed={seed}", *overrides])
     env = make_environment(cfg)
-    steps = split_demos(env, cfg, split, episodes, noise, invalid_noise, keep_noise)
+    steps = split_demos(env, cfg, split, episodes, noise, invalid_noise, keep_noise, think=think)
     path = write_table(steps, "steps", out / "steps.parquet")
     summary = demo_summary(steps, float(env.success_outcome))
     typer.echo(

@@ -65,6 +65,9 @@ class Game(Protocol):
         """The scripted expert's next action from the current state (None if it has none)."""
         ...
 
+    # Optional: ``situation() -> str``, a short statement of the current state that the prompt shows
+    # (household: location and held object), the warm start's ``sft.think = "situation"`` text.
+
 
 class Environment(Protocol):
     """A named environment: task sets, games, prompt style and outcome scale."""

@@ -503,6 +503,13 @@ class HouseholdGame:
             text=text, admissible=self.admissible(), state_key=self.state_key(), task_text=self.spec["text"]
         )
 
+    def situation(self) -> str:
+        """What the agent can tell of its situation from the prompt, in words the observations use:
+        where it is and what it carries, e.g. ``at fridge 1 carrying apple 1``, ``at middle carrying
+        nothing`` (the warm start's ``situation`` thinking text, docs/warmstart.md)."""
+        w = self.world
+        return f"at {w.location or 'middle'} carrying {w.held or 'nothing'}"
+
     # -- expert ---------------------------------------------------------------------------------
     def expert_action(self) -> str | None:
         """A scripted expert with full knowledge of the room; replans from any state."""
