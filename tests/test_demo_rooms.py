@@ -74,3 +74,45 @@ def test_a_bad_warm_start_option_is_refused_before_the_run_directory_is_written(
     assert result.exit_code == 2
     assert result.output.startswith("error: ") and "unknown option 'bogus'" in result.output
     assert not (run_dir / "config.toml").exists()
+
+
+def test_the_long_config_runs_end_to_end_with_its_warm_start_shrunk(tmp_path: Path) -> None:
+    """The README's long-horizon command, its sizes shrunk to seconds: the warm start (situation
+    template, cosine schedule, a DAgger round) then an iteration of generate-mode GRPO-C and an eval."""
+    import polars as pl
+
+    from schemas import read_table
+
+    run_dir = tmp_path / "long"
+    shrink = [
+        "model.tiny_vocab_tasks=3",
+        "model.tiny_hidden=16",
+        "env.max_turns=4",
+        "env.train_tasks=2",
+        "env.eval_tasks=2",
+        "sft.episodes=4",
+        "sft.epochs=1",
+        "sft.warmup_steps=1",
+        "sft.dagger_episodes=2",
+        "sft.dagger_rounds=1",
+        "sft.dagger_epochs=1",
+        "rollout.groups=1",
+        "rollout.group_size=2",
+        "run.eval_every=1",
+    ]
+    args = ["loop", "--config", str(CONFIGS / "household_long.toml"), "--run", str(run_dir), "--iters", "1"]
+    result = CliRunner().invoke(app, args + [a for s in shrink for a in ("--set", s)])
+    assert result.exit_code == 0, result.output
+    config = load_config(run_dir / "config.toml")
+    assert (config.sft.think, config.sft.lr_schedule, config.rollout.mode) == (
+        "situation",
+        "cosine",
+        "generate",
+    )
+    demos = read_table(run_dir / "sft" / "demos" / "steps.parquet", "steps")
+    assert demos["response"].str.starts_with("<think>at ").all()
+    relabelled = read_table(run_dir / "sft" / "dagger" / "round_1" / "steps.parquet", "steps")
+    assert relabelled["response"].str.contains(" carrying ").all()
+    steps = read_table(run_dir / "iter_0000" / "steps.parquet", "steps")
+    assert steps.height > 0 and (run_dir / "iter_0000" / "metrics_update.parquet").is_file()
+    assert pl.read_parquet(run_dir / "sft" / "metrics_sft.parquet").height > 0
