@@ -179,6 +179,7 @@ class SftConfig:
     dagger_rounds: int = 0  # DAgger rounds after cloning the demos (stages.dagger); 0 = plain cloning
     dagger_episodes: int = 32  # episodes the clone plays per round (round-robin over the split's tasks)
     dagger_epochs: int = 2  # epochs over all examples so far after each round
+    dagger_keep: float = 0.0  # probability that a valid played turn keeps the clone's action as label
 
 
 @dataclass
@@ -434,6 +435,7 @@ RANGES: dict[str, Rule] = {
     "sft.dagger_rounds": _at_least(0),
     "sft.dagger_episodes": _at_least(1),
     "sft.dagger_epochs": _at_least(1),
+    "sft.dagger_keep": _within(0, 1),  # a probability
     "checkpoint.keep_last": _at_least(0),  # 0 = keep every checkpoint
     "checkpoint.keep_every": _at_least(0),  # 0 = none
 }

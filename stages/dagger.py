@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from schemas.errors import GraftError
@@ -32,7 +33,7 @@ from stages.demos import DEMO_COLUMNS, demo_response, turn_think
 from stages.envs.base import Environment, Episode, Task
 from stages.envs.prompts import episode_prompt
 from stages.policy.engine import PolicyEngine
-from stages.policy.sampling import derive_seed
+from stages.policy.sampling import derive_rng, derive_seed
 from stages.rollout.collect import collect_episodes
 
 DAGGER_VERSION = "dagger"
@@ -46,10 +47,20 @@ def expert_relabel(
     history_length: int,
     prompt_fn: Callable[..., str] | None = None,
     think: str = "verb",
+    keep_valid: float = 0.0,
+    rng: np.random.Generator | None = None,
 ) -> pl.DataFrame:
     """``steps`` (a rollout of ``tasks``) with every turn's ``prompt`` re-rendered as the demos render
     it and its ``response`` replaced by the expert's answer at that turn's state (the demos' columns,
-    ``policy_version`` = "dagger"). Turns where the expert has no action are dropped."""
+    ``policy_version`` = "dagger"). Turns where the expert has no action are dropped.
+
+    ``keep_valid``: probability that a *valid* turn keeps the clone's own action as its label (one
+    draw of ``rng`` per valid turn, none at 0), so the rounds correct invalid turns without making
+    every valid one the expert's (``sft.dagger_keep``, docs/warmstart.md)."""
+    if not 0.0 <= keep_valid <= 1.0:
+        raise GraftError(f"dagger: keep_valid must be in [0, 1], got {keep_valid}")
+    if keep_valid and rng is None:
+        raise GraftError("dagger: keep_valid needs a random generator")
     by_id = {t.task_id: t for t in tasks}
     style = env.prompt_style
     relabelled: list[dict[str, Any]] = []
@@ -66,7 +77,10 @@ def expert_relabel(
                 raise GraftError(f"dagger: trajectory {traj_id} has turns after its episode ended on replay")
             prompt = episode_prompt(style, episode, history_length, prompt_fn)
             expert = episode.game.expert_action()
-            thought = turn_think(think, episode.game, style, expert) if expert is not None else None
+            label = expert
+            if expert is not None and keep_valid and row["valid"] and rng.random() < keep_valid:
+                label = row["action"]
+            thought = turn_think(think, episode.game, style, label) if label is not None else None
             record = episode.act(row["action"])
             if record.state != row["state"]:
                 raise GraftError(
@@ -79,7 +93,7 @@ def expert_relabel(
                 {
                     **{name: row[name] for name in DEMO_COLUMNS},
                     "prompt": prompt,
-                    "response": demo_response(style, expert, thought),
+                    "response": demo_response(style, label, thought),
                     "policy_version": DAGGER_VERSION,
                 }
             )
@@ -101,6 +115,7 @@ def dagger_round(
     max_prompt_tokens: int,
     batch_size: int,
     think: str = "verb",
+    keep_valid: float = 0.0,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The clone in ``engine`` plays ``episodes`` generate-mode episodes round-robin over ``tasks``
     (random streams ``(seed, "dagger", round_index)``); return (its steps, their expert relabelling)."""
@@ -122,4 +137,13 @@ def dagger_round(
         max_new_tokens=max_new_tokens,
         max_prompt_tokens=max_prompt_tokens,
     )
-    return steps, expert_relabel(env, tasks, steps, history_length=history_length, think=think)
+    relabelled = expert_relabel(
+        env,
+        tasks,
+        steps,
+        history_length=history_length,
+        think=think,
+        keep_valid=keep_valid,
+        rng=derive_rng(seed, "dagger", round_index, "keep"),
+    )
+    return steps, relabelled

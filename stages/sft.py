@@ -309,6 +309,7 @@ def _dagger_play(
         max_prompt_tokens=config.rollout.max_prompt_tokens,
         batch_size=config.rollout.batch_size,
         think=sft.think,
+        keep_valid=sft.dagger_keep,
     )
     write_table(relabelled, "steps", round_dir / "steps.parquet")
     return relabelled, {

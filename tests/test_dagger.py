@@ -83,6 +83,40 @@ def test_situation_labels_think_the_state_the_play_reached() -> None:
         assert row_s["response"].startswith(f"<think>{situation_from_state(row_s['state'])}</think>")
 
 
+def test_keep_valid_keeps_a_share_of_the_clones_valid_actions_and_corrects_every_invalid_one() -> None:
+    import numpy as np
+
+    from stages.envs.parser import parse_response
+
+    env = household()
+    tasks = env.tasks("train", 4, 1)
+    played = expert_demos(
+        env, tasks, 12, noise=0.6, invalid_noise=0.3, keep_noise=1.0, seed=3, history_length=2
+    )
+    expert = expert_relabel(env, tasks, played, history_length=2)
+    every = expert_relabel(env, tasks, played, history_length=2, keep_valid=1.0, rng=np.random.default_rng(0))
+    assert every.height == expert.height
+    for row_e, row_k in zip(expert.iter_rows(named=True), every.iter_rows(named=True), strict=True):
+        want = row_k["action"] if row_k["valid"] else parse_response("alfworld", row_e["response"])
+        assert parse_response("alfworld", row_k["response"]) == want
+    half = [
+        expert_relabel(env, tasks, played, history_length=2, keep_valid=0.5, rng=np.random.default_rng(7))
+        for _ in range(2)
+    ]
+    assert half[0].equals(half[1])  # the same generator seed, the same labels
+    labels = [parse_response("alfworld", r) for r in half[0]["response"]]
+    experts = [parse_response("alfworld", r) for r in expert["response"]]
+    actions, valid = half[0]["action"].to_list(), half[0]["valid"].to_list()
+    # valid turns where the clone's action is not the expert's: about half keep the clone's
+    differs = [k for k in range(len(actions)) if valid[k] and actions[k] != experts[k]]
+    kept = sum(labels[k] == actions[k] for k in differs)
+    assert len(differs) > 20 and 0.3 < kept / len(differs) < 0.7
+    invalid = [k for k, v in enumerate(half[0]["valid"]) if not v]
+    assert invalid and all(labels[k] == experts[k] for k in invalid)
+    with pytest.raises(GraftError, match="keep_valid"):
+        expert_relabel(env, tasks, played, history_length=2, keep_valid=0.5)
+
+
 def test_a_replay_that_reaches_another_state_is_an_error() -> None:
     env = household()
     tasks = env.tasks("train", 2, 0)
@@ -97,7 +131,12 @@ def test_a_replay_that_reaches_another_state_is_an_error() -> None:
 
 
 def test_dagger_settings_are_validated() -> None:
-    for key, value in [("sft.dagger_rounds", "-1"), ("sft.dagger_episodes", "0"), ("sft.dagger_epochs", "0")]:
+    for key, value in [
+        ("sft.dagger_rounds", "-1"),
+        ("sft.dagger_episodes", "0"),
+        ("sft.dagger_epochs", "0"),
+        ("sft.dagger_keep", "1.5"),
+    ]:
         with pytest.raises(GraftError, match=key):
             load_config(None, [f"{key}={value}"])
 
