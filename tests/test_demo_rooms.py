@@ -104,9 +104,10 @@ def test_the_long_config_runs_end_to_end_with_its_warm_start_shrunk(tmp_path: Pa
     result = CliRunner().invoke(app, args + [a for s in shrink for a in ("--set", s)])
     assert result.exit_code == 0, result.output
     config = load_config(run_dir / "config.toml")
-    assert (config.sft.think, config.sft.lr_schedule, config.rollout.mode) == (
+    assert (config.sft.think, config.sft.lr_schedule, config.sft.dagger_keep, config.rollout.mode) == (
         "situation",
         "cosine",
+        0.5,
         "generate",
     )
     demos = read_table(run_dir / "sft" / "demos" / "steps.parquet", "steps")
