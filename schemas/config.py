@@ -96,6 +96,9 @@ class GraphConfig:
     embed_batch: int = 256
     # state texts longer than the encoder's window: embed them whole in windows (and warn), or refuse
     long_states: Literal["window", "error"] = "window"
+    # the turn index joins the state key (node = (state, t)): the paper's App. C proof assumes such
+    # states; it makes every graph acyclic and its node groups smaller (docs/credit.md)
+    time_key: bool = False
 
 
 @dataclass
@@ -104,6 +107,10 @@ class SolveConfig:
 
     gamma: float = 0.99
     eps: float = 1e-8
+    # where a step's own reward r_t (the invalid penalty, per-step rewards) goes: "step" = into that
+    # step's credit only, node values from the outcomes alone (Eq. 7-8, the paper's); "values" = into
+    # the Bellman backup V(u) = mean(r_e + γV(v)) as protocols v1-v4 ran it (credits waiting where V < 0)
+    step_rewards: Literal["step", "values"] = "step"
 
 
 @dataclass
@@ -113,7 +120,17 @@ class AdvantageConfig:
     estimator: str = "graft"
     gae: Literal["graph", "trajectory", "none"] = "graph"
     lam: float = 0.95
-    normalize: Literal["node", "none"] = "node"
+    # Graph GAE's k-hop horizon: "markov" = a function of the edge (until E_k is empty, cycles closed
+    # where (γλ)^k < 1e-6); "literal" = H_t = T − 1 − t, the steps left in the row's own trajectory
+    gae_horizon: Literal["markov", "literal"] = "markov"
+    # Eq. 11 per src node ("node"), none, or centred per node and scaled by the batch's std ("batch")
+    normalize: Literal["node", "none", "batch"] = "node"
+    # beyond the paper (variants, docs/credit.md): a floor on the per-node std (and the single-edge
+    # |x|) in reward units, so near-ties of a node are not stretched to unit size; 0 = Eq. 11 as written
+    node_std_floor: float = 0.0
+    # "zero": groups whose outcomes do not vary get zero credit on every row (GRPO's convention for a
+    # group without signal; verl-agent's dynamic sampling drops them); "keep" = credit as computed
+    flat_groups: Literal["keep", "zero"] = "keep"
     gigpo_omega: float = 1.0
     gigpo_gamma: float = 0.95
     # verl-agent's algorithm.gigpo.mode: mean_std_norm divides by the std, mean_norm only centres
@@ -408,6 +425,7 @@ RANGES: dict[str, Rule] = {
     "solve.gamma": _within(0, 1, low_open=True),
     "solve.eps": _above(0),
     "advantage.lam": _within(0, 1),
+    "advantage.node_std_floor": _at_least(0),  # reward units; 0 = the paper's Eq. 11
     "advantage.gigpo_omega": _at_least(0),
     "advantage.gigpo_gamma": _within(0, 1),
     "advantage.graphgpo_w": _within(0, 1, low_open=True),  # step return 10 * w^distance

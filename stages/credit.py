@@ -70,6 +70,15 @@ def make_embedder(config: Config, cache: str | Path | None = None) -> Embedder |
     )
 
 
+def graph_of(
+    steps: pl.DataFrame, config: Config, embedder: Embedder | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """build_graph with the ``[graph]`` settings of ``config`` (embedder: make_embedder's when None)."""
+    g = config.graph
+    embedder = embedder if embedder is not None else make_embedder(config)
+    return build_graph(steps, g.canonicalize, g.tau, g.truncation, embedder, g.time_key)
+
+
 def embed_metrics(embedder: Embedder | None) -> dict[str, float]:
     """``similarity_truncated``: state texts longer than the encoder's window (embedded in windows)."""
     over = getattr(embedder, "over_window", None)
@@ -85,18 +94,25 @@ def graph(
     *,
     validate: bool = True,
     source: str = "<steps>",
+    time_key: bool = False,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(nodes, edges) of every group's trajectory graph; see stages.graph.build_graph."""
     if validate:
         steps = _as_steps(steps, source)
-    return build_graph(steps, canonicalize, tau, truncation, embedder)  # type: ignore[arg-type]
+    return build_graph(steps, canonicalize, tau, truncation, embedder, time_key)  # type: ignore[arg-type]
 
 
-def solve(nodes: pl.DataFrame, edges: pl.DataFrame, gamma: float = 0.99, eps: float = 1e-8) -> pl.DataFrame:
+def solve(
+    nodes: pl.DataFrame,
+    edges: pl.DataFrame,
+    gamma: float = 0.99,
+    eps: float = 1e-8,
+    step_rewards: str = "step",
+) -> pl.DataFrame:
     """Values table (Bellman fixed point per node); see stages.solve.solve_values."""
     nodes = pl.from_arrow(conform(nodes, "nodes", source="<nodes>"))  # type: ignore[assignment]
     edges = pl.from_arrow(conform(edges, "edges", source="<edges>"))  # type: ignore[assignment]
-    return solve_values(nodes, edges, gamma, eps)
+    return solve_values(nodes, edges, gamma, eps, step_rewards=step_rewards)
 
 
 def advantages(
@@ -112,12 +128,13 @@ def advantages(
     """Advantages table for ``steps``; graph and values are computed when not given.
 
     ``config``: a full Config (graph/solve/advantage sections used) or an AdvantageConfig; keyword
-    ``options`` override AdvantageConfig fields (``estimator="grpo"``, ``lam=0.6``, ...) and
-    ``gamma`` overrides solve.gamma.
+    ``options`` override AdvantageConfig fields (``estimator="grpo"``, ``lam=0.6``, ...);
+    ``gamma`` and ``step_rewards`` override solve.gamma and solve.step_rewards.
     """
     full = config if isinstance(config, Config) else Config()
     adv = config if isinstance(config, AdvantageConfig) else full.advantage
     gamma = float(options.pop("gamma", full.solve.gamma))
+    step_rewards = str(options.pop("step_rewards", full.solve.step_rewards))
     if options:
         known = {f.name for f in dataclasses.fields(AdvantageConfig)}
         unknown = sorted(set(options) - known)
@@ -129,12 +146,10 @@ def advantages(
     if validate:
         steps = _as_steps(steps, "<steps>")
     if nodes is None or edges is None:
-        nodes, edges = build_graph(
-            steps, full.graph.canonicalize, full.graph.tau, full.graph.truncation, make_embedder(full)
-        )
+        nodes, edges = graph_of(steps, full)
     if values is None:
-        values = solve_values(nodes, edges, gamma, full.solve.eps)
-    return compute_advantages(steps, nodes, edges, values, adv, gamma)
+        values = solve_values(nodes, edges, gamma, full.solve.eps, step_rewards=step_rewards)
+    return compute_advantages(steps, nodes, edges, values, adv, gamma, step_rewards=step_rewards)
 
 
 def run_all(
@@ -145,14 +160,23 @@ def run_all(
     steps = _as_steps(steps, "<steps>")
     t0 = time.perf_counter()
     embedder = embedder or make_embedder(config)
-    nodes, edges = build_graph(
-        steps, config.graph.canonicalize, config.graph.tau, config.graph.truncation, embedder
-    )
+    nodes, edges = graph_of(steps, config, embedder)
     t1 = time.perf_counter()
     index = index_graph(nodes, edges)
-    values = solve_values(nodes, edges, config.solve.gamma, config.solve.eps, index=index)
+    values = solve_values(
+        nodes, edges, config.solve.gamma, config.solve.eps, index=index, step_rewards=config.solve.step_rewards
+    )
     t2 = time.perf_counter()
-    adv = compute_advantages(steps, nodes, edges, values, config.advantage, config.solve.gamma, index=index)
+    adv = compute_advantages(
+        steps,
+        nodes,
+        edges,
+        values,
+        config.advantage,
+        config.solve.gamma,
+        index=index,
+        step_rewards=config.solve.step_rewards,
+    )
     t3 = time.perf_counter()
     iteration = int(steps["iter"][0]) if steps.height else 0
     metrics = pl.concat(
@@ -246,9 +270,8 @@ def _graph_stage(
     if steps is None:
         steps = read_table(steps_path, "steps", require_stamp=require_stamp)
         validate_steps(steps, source=str(steps_path))
-    g = config.graph
     embedder = make_embedder(config, cache)
-    nodes, edges = build_graph(steps, g.canonicalize, g.tau, g.truncation, embedder)
+    nodes, edges = graph_of(steps, config, embedder)
     index = index_graph(nodes, edges) if nodes.height else None
     metrics = {
         **graph_metrics(nodes, edges, index),
@@ -280,7 +303,9 @@ def solve_files(
         held.index = None
     nodes, edges = held.nodes, held.edges
     index = held.index if held.index is not None else index_graph(nodes, edges)
-    values = solve_values(nodes, edges, config.solve.gamma, config.solve.eps, index=index)
+    values = solve_values(
+        nodes, edges, config.solve.gamma, config.solve.eps, index=index, step_rewards=config.solve.step_rewards
+    )
     metrics = {**solve_metrics(values, edges, index), "seconds": time.perf_counter() - t0}
     steps = held.steps
     if steps is None and steps_path is not None and steps_path.is_file():
@@ -311,7 +336,14 @@ def advantage_files(
     if held.values is None:
         held.values = read_table(folder / "values.parquet", "values")
     adv = compute_advantages(
-        steps, held.nodes, held.edges, held.values, config.advantage, config.solve.gamma, index=held.index
+        steps,
+        held.nodes,
+        held.edges,
+        held.values,
+        config.advantage,
+        config.solve.gamma,
+        index=held.index,
+        step_rewards=config.solve.step_rewards,
     )
     bad = adv.filter(~pl.col("advantage").is_finite())
     if bad.height:

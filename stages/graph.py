@@ -263,14 +263,30 @@ def _structural_rules(
     return end_class, (src_key[differ], dst_key[differ])
 
 
+TIME_SEPARATOR = "\x1f@t="
+
+
+def with_time_keys(steps: pl.DataFrame) -> pl.DataFrame:
+    """``state`` and ``next_state`` keyed by the turn: s_t -> "s_t<sep>t", s_{t+1} -> "s_{t+1}<sep>t+1"."""
+    step = pl.col("step").cast(pl.Int64)
+    return steps.with_columns(
+        state=pl.col("state") + pl.lit(TIME_SEPARATOR) + step.cast(pl.String),
+        next_state=pl.col("next_state") + pl.lit(TIME_SEPARATOR) + (step + 1).cast(pl.String),
+    )
+
+
 def build_graph(
     steps: pl.DataFrame,
     canonicalize: Literal["exact", "similarity"] = "exact",
     tau: float = 0.9,
     truncation: Literal["fail", "bootstrap"] = "fail",
     embedder: Embedder | None = None,
+    time_key: bool = False,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Build every group's trajectory graph from a (validated) steps table.
+
+    ``time_key``: the node is (state, turn index): s_t's key gets ``TIME_SEPARATOR + t`` and s_{t+1}'s
+    ``t + 1``, so every graph is acyclic and nodes merge only within a turn (exact matching only).
 
     Returns ``(nodes, edges)`` in the layouts of schemas NODES and EDGES: ``edges`` has one row per
     steps row in the same order (src, dst node ids, reward r_t); ``nodes`` one row per node, groups in
@@ -289,6 +305,10 @@ def build_graph(
     missing = [c for c in _STEP_COLUMNS if c not in steps.columns]
     if missing:
         raise GraftError(f"steps table is missing column(s) {', '.join(missing)}")
+    if time_key:
+        if canonicalize != "exact":
+            raise GraftError("graph.time_key needs graph.canonicalize = 'exact' (an embedding ignores the turn)")
+        steps = with_time_keys(steps)
     n = steps.height
     step = steps["step"].to_numpy().astype(np.int64)
     traj = _first_occurrence(_codes(steps["traj_id"]))[1]  # dense 0..trajectories-1

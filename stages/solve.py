@@ -1,12 +1,19 @@
 """Node values by Bellman iteration on every group's trajectory graph (SPEC §4 Solve, paper Sec. 3.2).
 
-Equation (Eq. 5-6 with step rewards and ends as terminal outcomes), per node u of a group,
-with n_u = out_edges(u) + ends(u) raw instances:
+Equation (Eq. 5-7, ends as terminal outcomes V(S_T) = R), per node u of a group, with
+n_u = out_edges(u) + ends(u) raw instances:
 
-    V(u) = (1 / n_u) [ Σ_{e ∈ out(u)} (r_e + γ V(dst_e)) + Σ_{ends at u} R ]
+    step_rewards = "step" (default, the paper's):
+        V(u) = (1 / n_u) [ Σ_{e ∈ out(u)} γ V(dst_e) + Σ_{ends at u} R ]
+    step_rewards = "values" (protocols v1-v4):
+        V(u) = (1 / n_u) [ Σ_{e ∈ out(u)} (r_e + γ V(dst_e)) + Σ_{ends at u} R ]
 
 (π̂(a|u) P̂(v|u,a) = count(u,a,v) / count(u)). A node that is only an end gets the mean outcome there;
-nodes from which no end is reachable keep V = 0.
+nodes from which no end is reachable keep V = 0. Why "step" is the default: with step rewards in the
+backup, V(u) < 0 wherever success is rare (the invalid penalties of the future), so a valid action
+that leaves the state unchanged (a self-loop: look, inventory) has TD γV(u) − V(u) = −(1 − γ)V(u) > 0
+-- postponing future penalties is credited. The paper's Eq. 8 TD has no reward term; a step's own
+reward reaches that step's credit only (stages.advantage.graft).
 
 Solver -- block Gauss-Seidel over reverse-BFS levels, all groups at once
 -----------------------------------------------------------------------
@@ -295,10 +302,19 @@ class _Sweep:
         )
 
 
+STEP_REWARDS = ("step", "values")
+
+
+def check_step_rewards(step_rewards: str) -> None:
+    if step_rewards not in STEP_REWARDS:
+        raise GraftError(f"solve.step_rewards must be 'step' or 'values', got {step_rewards!r}")
+
+
 def solve_index(
-    index: GraphIndex, gamma: float = 0.99, eps: float = 1e-8
+    index: GraphIndex, gamma: float = 0.99, eps: float = 1e-8, step_rewards: str = "step"
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Solve all groups; returns (V (m,), reaches_end (m,), propagation (m,), sweeps (G,), residual (G,))."""
+    check_step_rewards(step_rewards)
     if not 0.0 < gamma <= 1.0:
         raise GraftError(f"solve.gamma must be in (0, 1], got {gamma}")
     if not eps > 0:
@@ -311,7 +327,10 @@ def solve_index(
     reaches = dist >= 0
     n_u = index.out_edges + index.ends
     inv_n = np.divide(1.0, n_u, out=np.zeros(m), where=n_u > 0)
-    b = (np.bincount(index.src, weights=index.reward, minlength=m) + index.end_sum) * inv_n
+    b = index.end_sum.astype(np.float64)
+    if step_rewards == "values":
+        b = b + np.bincount(index.src, weights=index.reward, minlength=m)
+    b = b * inv_n
     # Gauss-Seidel on (I - γW) V = b divides each node's equation by its diagonal 1 - γ w_uu, so a
     # self-loop (an invalid action that leaves the state unchanged) is solved exactly in the node's own
     # update instead of lagging a sweep behind. For an end-reaching node w_uu < 1, so the divisor is > 0.
@@ -369,13 +388,15 @@ def solve_values(
     eps: float = 1e-8,
     *,
     index: GraphIndex | None = None,
+    step_rewards: str = "step",
 ) -> pl.DataFrame:
     """Values table (schemas VALUES) for every node of every group's graph; see the module docstring.
 
     ``index``: index_graph(nodes, edges) when the caller already has it. Rows in ``index.nodes`` order.
+    ``step_rewards``: "step" (values from the outcomes alone) or "values" (r_e inside the backup).
     """
     index = index if index is not None else index_graph(nodes, edges)
-    value, reaches, propagation, sweeps, residual = solve_index(index, gamma, eps)
+    value, reaches, propagation, sweeps, residual = solve_index(index, gamma, eps, step_rewards)
     bad = np.flatnonzero(~np.isfinite(value))
     if bad.size:
         first = index.nodes.row(int(bad[0]), named=True)

@@ -5,9 +5,12 @@ Deliberately naive and independent of stages/: plain Python dicts, lists and set
 * graph: φ(state) by first visit in (trajectory, step) order; one edge per step; an end per trajectory
   at the dst of its last step (dropped under "bootstrap" when cut and the node has out-edges).
 * values: plain Gauss-Seidel, node by node, nodes sorted by reverse-BFS distance to the nearest end
-  (ties by node id), V(u) = (1/n_u)[Σ_out (r + γ V(dst)) + Σ_ends R], nodes reaching no end stay 0.
-* advantages: TD A_t = r_t + γ V(dst) − V(src); Graph GAE with k-hop node sets N_k and raw edge
-  instances E_k; trajectory GAE; node normalization (Eq. 11) with the single-edge rule.
+  (ties by node id), V(u) = (1/n_u)[Σ_out γ V(dst) + Σ_ends R] ("step"; "values": r + γ V(dst) in
+  the sum), nodes reaching no end stay 0.
+* advantages: TD A_t = γ V(dst) − V(src) ("values": + r_t); Graph GAE with k-hop node sets N_k and
+  raw edge instances E_k, for H_t = T − 1 − t hops ("literal") or until E_k is empty or (γλ)^k < 1e-6
+  ("markov"); trajectory GAE; "step": + r_t after the GAE; node normalization (Eq. 11) with the
+  single-edge rule and an optional std floor.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def reference_graph(rows: list[dict], truncation: str = "fail") -> dict:
     return {"phi": phi, "states": states, "edges": edges, "out": out, "ends": ends, "rows": rows}
 
 
-def reference_values(graph: dict, gamma: float, eps: float = 1e-8) -> dict:
+def reference_values(graph: dict, gamma: float, eps: float = 1e-8, step_rewards: str = "step") -> dict:
     """Per group: {'V': {node: value}, 'reaches': {node: bool}, 'propagation': {node: int}, 'sweeps': k}."""
     result = {}
     for g, phi in graph["phi"].items():
@@ -89,7 +92,7 @@ def reference_values(graph: dict, gamma: float, eps: float = 1e-8) -> dict:
                 total, n_u = 0.0, 0
                 for i in out.get(u, []):
                     _, _, dst, r = graph["edges"][i]
-                    total += r + gamma * V[dst]
+                    total += (r if step_rewards == "values" else 0.0) + gamma * V[dst]
                     n_u += 1
                 for _traj, outcome in ends.get(u, []):
                     total += outcome
@@ -121,14 +124,29 @@ def reference_values(graph: dict, gamma: float, eps: float = 1e-8) -> dict:
 
 
 def reference_advantages(
-    graph: dict, values: dict, gamma: float, lam: float, gae: str = "graph", normalize: str = "node"
+    graph: dict,
+    values: dict,
+    gamma: float,
+    lam: float,
+    gae: str = "graph",
+    normalize: str = "node",
+    step_rewards: str = "step",
+    gae_horizon: str = "markov",
+    std_floor: float = 0.0,
 ) -> dict[str, list[float]]:
     """Per row (table order): 'td', 'gae', 'advantage', 'norm_group_size'."""
     rows, edges = graph["rows"], graph["edges"]
     td = []
     for g, src, dst, r in edges:
         V = values[g]["V"]
-        td.append(r + gamma * V[dst] - V[src])
+        td.append((r if step_rewards == "values" else 0.0) + gamma * V[dst] - V[src])
+    decay = gamma * lam
+    if decay >= 1.0:
+        markov_hops = max(len(phi) for phi in graph["phi"].values())
+    elif decay > 0.0:
+        markov_hops = math.ceil(math.log(1e-6) / math.log(decay))
+    else:
+        markov_hops = 0
     length: dict[str, int] = {}
     by_traj: dict[str, dict[int, int]] = {}
     for i, row in enumerate(rows):
@@ -148,7 +166,7 @@ def reference_advantages(
         else:
             total = td[i]
             node_set = {dst}
-            for k in range(1, horizon + 1):
+            for k in range(1, (horizon if gae_horizon == "literal" else markov_hops) + 1):
                 edge_rows = [j for u in node_set for j in graph["out"][g].get(u, [])]
                 if not edge_rows:
                     break
@@ -156,6 +174,8 @@ def reference_advantages(
                 total += (gamma * lam) ** k * mean
                 node_set = {edges[j][2] for j in edge_rows}
             refined.append(total)
+    if step_rewards == "step":
+        refined = [x + edges[i][3] for i, x in enumerate(refined)]
     groups: dict[tuple[str, int], list[int]] = {}
     for i, (g, src, _, _) in enumerate(edges):
         groups.setdefault((g, src), []).append(i)
@@ -170,9 +190,10 @@ def reference_advantages(
             for i, x in zip(members, xs, strict=True):
                 size[i] = len(members)
                 if len(xs) == 1:
-                    advantage[i] = x / (abs(x) + 1e-6)
+                    advantage[i] = x / (max(abs(x), std_floor) + 1e-6)
                 elif statistics.stdev(xs) < noise:
                     advantage[i] = 0.0
                 else:
-                    advantage[i] = (x - statistics.fmean(xs)) / (statistics.stdev(xs) + 1e-6)
+                    spread = max(statistics.stdev(xs), std_floor)
+                    advantage[i] = (x - statistics.fmean(xs)) / (spread + 1e-6)
     return {"td": td, "gae": refined, "advantage": advantage, "norm_group_size": size}

@@ -487,7 +487,8 @@ def test_baselines_on_pipeline_graphs_match_the_references(seed):
 def test_graft_td_equals_rtmc_on_a_tree(gamma):
     # With no merging of different histories (merge 0 on layered MDPs: only shared prefixes, ends at
     # terminal nodes), the graph's V̂(u) is the mean discounted return over the visits of u, so
-    # r + γV̂(dst) − V̂(src) = Q̂(s, a) − V̂(s): graft TD and rtmc are the same estimator there.
+    # r + γV̂(dst) − V̂(src) = Q̂(s, a) − V̂(s): graft TD and rtmc are the same estimator there -- when
+    # V̂ holds the step rewards too (solve.step_rewards = "values"; the default keeps them out of V̂).
     import stages.advantage.graft  # noqa: F401  (registers "graft")
     from stages.graph import build_graph
     from stages.solve import solve_values
@@ -497,6 +498,7 @@ def test_graft_td_equals_rtmc_on_a_tree(gamma):
         groups=8, group_size=8, horizon=5, width=3, merge=0.0, gamma=gamma, seed=4, truth=True
     )
     nodes, edges = build_graph(steps, canonicalize="exact")
-    inputs = CreditInputs(steps, edges, nodes, solve_values(nodes, edges, gamma=gamma), gamma)
+    values = solve_values(nodes, edges, gamma=gamma, step_rewards="values")
+    inputs = CreditInputs(steps, edges, nodes, values, gamma, step_rewards="values")
     td = ESTIMATORS["graft"](inputs, AdvantageConfig(gae="none", normalize="none")).advantage
     np.testing.assert_allclose(ESTIMATORS["rtmc"](inputs, CFG).advantage, td, atol=1e-9)

@@ -42,7 +42,7 @@ def test_files_graph_solve_advantage(runner, tmp_path):
     assert result.exit_code == 0, result.output
     adv = read_table(out / "advantages.parquet", "advantages")
     graph = reference_graph(steps.to_dicts())
-    ref = reference_advantages(graph, reference_values(graph, 0.9), 0.9, 0.5, "graph", "node")
+    ref = reference_advantages(graph, reference_values(graph, 0.9), 0.9, 0.5, "graph", "node")  # defaults
     np.testing.assert_allclose(adv["gae"].to_numpy(), ref["gae"], atol=1e-7)
     metrics = pl.concat(
         [read_table(out / f"metrics_{s}.parquet", "metrics") for s in ("graph", "solve", "advantage")]
@@ -153,7 +153,15 @@ def test_python_api_on_own_rollouts():
     nodes, edges = credit.graph(steps)
     values = credit.solve(nodes, edges, gamma=0.9)
     adv = credit.advantages(steps, nodes, edges, values, gamma=0.9, lam=0.5, gae="none", normalize="none")
-    np.testing.assert_allclose(adv["advantage"].to_numpy(), adv["td"].to_numpy())
+    # without GAE and normalization the credit is the TD plus the step's own reward (step_rewards "step")
+    expected = adv["td"].to_numpy() + steps["reward"].to_numpy()
+    np.testing.assert_allclose(adv["advantage"].to_numpy(), expected)
+    assert steps["reward"][7] == -0.1 and adv["advantage"][7] == pytest.approx(adv["td"][7] - 0.1)
+    legacy = credit.solve(nodes, edges, gamma=0.9, step_rewards="values")
+    old = credit.advantages(
+        steps, nodes, edges, legacy, gamma=0.9, step_rewards="values", lam=0.5, gae="none", normalize="none"
+    )
+    np.testing.assert_allclose(old["advantage"].to_numpy(), old["td"].to_numpy())
     auto = credit.advantages(steps, estimator="rloo")
     assert auto["estimator"][0] == "rloo"
     tables = credit.run_all(steps)

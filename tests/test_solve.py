@@ -27,10 +27,21 @@ def _by_state(nodes: pl.DataFrame, values: pl.DataFrame, column: str = "value") 
     return dict(zip(joined["state"].to_list(), joined[column].to_list(), strict=True))
 
 
+def test_values_of_the_hand_example_step_rewards_in_credit_only():
+    # Default (solve.step_rewards = "step", the paper's Eq. 7): values from the outcomes alone, so the
+    # invalid self-loop at L (r = -0.1) does not lower V(L): 3V = 0.9 + 0.9V + 0  ->  V = 0.9 / 2.1.
+    nodes, edges = build_graph(fig2_steps())
+    V = _by_state(nodes, solve_values(nodes, edges, gamma=0.9))
+    assert V["L"] == pytest.approx(0.9 / 2.1, abs=1e-7)
+    assert V["D"] == pytest.approx(0.45, abs=1e-7)
+    assert V["S"] == pytest.approx(0.9 * (2 * 0.9 / 2.1 + 4 * 0.45) / 6, abs=1e-7)
+    assert V["G"] == pytest.approx(1.0, abs=1e-12) and V["F"] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_values_of_the_hand_example():
     gamma = 0.9
     nodes, edges = build_graph(fig2_steps())
-    values = solve_values(nodes, edges, gamma=gamma)
+    values = solve_values(nodes, edges, gamma=gamma, step_rewards="values")
     conform(values, "values")
     V = _by_state(nodes, values)
     # Ends only: G (3 successes) and F (2 failures) are sinks with their mean outcome.
@@ -52,7 +63,7 @@ def test_values_of_the_hand_example():
 
 def test_bootstrap_values_of_the_hand_example():
     nodes, edges = build_graph(fig2_steps(), truncation="bootstrap")
-    V = _by_state(nodes, solve_values(nodes, edges, gamma=0.9))
+    V = _by_state(nodes, solve_values(nodes, edges, gamma=0.9, step_rewards="values"))
     # T6's cut end at D is dropped: D = (0 + 0.9 + 0.9) / 3 = 0.6, S = 0.9 (2 L + 4 D) / 6.
     assert V["D"] == pytest.approx(0.6, abs=1e-7)
     assert V["S"] == pytest.approx(0.9 * (2 * 0.8 / 2.1 + 4 * 0.6) / 6, abs=1e-7)
@@ -121,8 +132,10 @@ def test_sweep_limit():
 # the fixed point equals an exact linear solve (independent construction with networkx + scipy)
 
 
-def exact_values(nodes: pl.DataFrame, edges: pl.DataFrame, gamma: float) -> dict[tuple[str, int], float]:
-    """Solve (I − γW) V = b on end-reaching nodes of each group; others 0."""
+def exact_values(
+    nodes: pl.DataFrame, edges: pl.DataFrame, gamma: float, step_rewards: str = "step"
+) -> dict[tuple[str, int], float]:
+    """Solve (I − γW) V = b on end-reaching nodes of each group; others 0 (b has r only for "values")."""
     out: dict[tuple[str, int], float] = {}
     for (group,), part in nodes.group_by(["group_id"], maintain_order=True):
         g_edges = edges.filter(pl.col("group_id") == group)
@@ -142,7 +155,8 @@ def exact_values(nodes: pl.DataFrame, edges: pl.DataFrame, gamma: float) -> dict
             mat[pos[n], pos[n]] += 1.0
             b[pos[n]] += e * v / n_u
             for _, dst, data in graph.out_edges(n, data=True):
-                b[pos[n]] += data["reward"] / n_u
+                if step_rewards == "values":
+                    b[pos[n]] += data["reward"] / n_u
                 if dst in pos:
                     mat[pos[n], pos[dst]] -= gamma / n_u
         sol = spsolve(mat.tocsc(), b) if k else np.zeros(0)
@@ -155,12 +169,17 @@ synth_knob_sets = synth_knobs(invalid_penalty=st.sampled_from([0.0, -0.1, -1.0])
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(knobs=synth_knob_sets, gamma=st.floats(0.3, 0.995), truncation=st.sampled_from(["fail", "bootstrap"]))
-def test_fixed_point_equals_exact_linear_solve(knobs, gamma, truncation):
+@given(
+    knobs=synth_knob_sets,
+    gamma=st.floats(0.3, 0.995),
+    truncation=st.sampled_from(["fail", "bootstrap"]),
+    step_rewards=st.sampled_from(["step", "values"]),
+)
+def test_fixed_point_equals_exact_linear_solve(knobs, gamma, truncation, step_rewards):
     steps = synth_steps(**knobs)
     nodes, edges = build_graph(steps, truncation=truncation)
-    values = solve_values(nodes, edges, gamma=gamma)
-    exact = exact_values(nodes, edges, gamma)
+    values = solve_values(nodes, edges, gamma=gamma, step_rewards=step_rewards)
+    exact = exact_values(nodes, edges, gamma, step_rewards)
     got = {(g, n): v for g, n, v in values.select("group_id", "node", "value").iter_rows()}
     assert got.keys() == exact.keys()
     assert max(abs(got[k] - exact[k]) for k in got) < 1e-6
@@ -168,12 +187,17 @@ def test_fixed_point_equals_exact_linear_solve(knobs, gamma, truncation):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(knobs=synth_knob_sets, gamma=st.floats(0.3, 0.995), truncation=st.sampled_from(["fail", "bootstrap"]))
-def test_solve_matches_the_literal_reference(knobs, gamma, truncation):
+@given(
+    knobs=synth_knob_sets,
+    gamma=st.floats(0.3, 0.995),
+    truncation=st.sampled_from(["fail", "bootstrap"]),
+    step_rewards=st.sampled_from(["step", "values"]),
+)
+def test_solve_matches_the_literal_reference(knobs, gamma, truncation, step_rewards):
     steps = synth_steps(**knobs)
     nodes, edges = build_graph(steps, truncation=truncation)
-    values = solve_values(nodes, edges, gamma=gamma)
-    ref = reference_values(reference_graph(steps.to_dicts(), truncation), gamma)
+    values = solve_values(nodes, edges, gamma=gamma, step_rewards=step_rewards)
+    ref = reference_values(reference_graph(steps.to_dicts(), truncation), gamma, step_rewards=step_rewards)
     for group, node, value, reaches, prop in values.select(
         "group_id", "node", "value", "reaches_end", "propagation"
     ).iter_rows():
@@ -185,7 +209,7 @@ def test_solve_matches_the_literal_reference(knobs, gamma, truncation):
 def test_gamma_one_on_layered_synth_matches_exact_solve():
     steps, _ = synth_steps(groups=3, group_size=8, horizon=6, truth=True, seed=5)
     nodes, edges = build_graph(steps)
-    values = solve_values(nodes, edges, gamma=1.0)
-    exact = exact_values(nodes, edges, 1.0)
+    values = solve_values(nodes, edges, gamma=1.0, step_rewards="values")
+    exact = exact_values(nodes, edges, 1.0, "values")
     for g, n, v in values.select("group_id", "node", "value").iter_rows():
         assert abs(v - exact[(g, n)]) < 1e-9

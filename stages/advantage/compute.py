@@ -20,6 +20,13 @@ def _column(values: np.ndarray | None, n: int, name: str, estimator: str) -> pl.
     return pl.Series(name, arr)
 
 
+def flat_group_rows(steps: pl.DataFrame) -> pl.Series:
+    """True on the rows of groups whose trajectories all have the same outcome (no outcome signal)."""
+    return steps.select(
+        flat=pl.col("outcome").min().over("group_id") == pl.col("outcome").max().over("group_id")
+    )["flat"]
+
+
 def compute_advantages(
     steps: pl.DataFrame,
     nodes: pl.DataFrame,
@@ -28,11 +35,15 @@ def compute_advantages(
     config: AdvantageConfig,
     gamma: float,
     index: GraphIndex | None = None,
+    step_rewards: str = "step",
 ) -> pl.DataFrame:
     """Advantages table, one row per steps row in the same order, from estimator ``config.estimator``.
 
     ``edges`` must be row-aligned with ``steps`` (the graph stage's output for these steps);
-    ``index``: stages.solve.index_graph(nodes, edges) when the caller already has it.
+    ``index``: stages.solve.index_graph(nodes, edges) when the caller already has it;
+    ``step_rewards``: the solve.step_rewards the values were computed with.
+    With ``config.flat_groups = "zero"`` every row of a group whose outcomes do not vary gets
+    advantage 0, whatever the estimator (td and gae stay as computed).
     """
     if edges.height != steps.height:
         raise GraftError(f"edges has {edges.height} rows but steps has {steps.height}; rebuild the graph")
@@ -42,10 +53,21 @@ def compute_advantages(
     name = config.estimator
     estimator = get_estimator(name)
     out = estimator(
-        CreditInputs(steps=steps, edges=edges, nodes=nodes, values=values, gamma=gamma, index=index), config
+        CreditInputs(
+            steps=steps,
+            edges=edges,
+            nodes=nodes,
+            values=values,
+            gamma=gamma,
+            index=index,
+            step_rewards=step_rewards,
+        ),
+        config,
     )
     n = steps.height
     advantage = _column(out.advantage, n, "advantage", name)
+    if config.flat_groups == "zero" and n:
+        advantage = advantage * (~flat_group_rows(steps)).cast(pl.Float64)
     if advantage.is_nan().any() or not np.isfinite(advantage.to_numpy()).all():
         raise GraftError(f"estimator '{name}' produced non-finite advantages")
     size = np.asarray(out.norm_group_size)

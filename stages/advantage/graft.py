@@ -38,6 +38,8 @@ Shapes: n rows, m nodes over all groups.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import polars as pl
 import scipy.sparse as sp
@@ -57,9 +59,10 @@ NOISE_MULTIPLE = 1000
 ZERO_TOL = NOISE_MULTIPLE * SOLVE_TOL  # 1e-5 in reward units
 
 
-def td_residuals(index: GraphIndex, value: np.ndarray, gamma: float) -> np.ndarray:
-    """A_t = r_t + γ V(dst_t) − V(src_t) for every edge row, shape (n,)."""
-    return index.reward + gamma * value[index.dst] - value[index.src]
+def td_residuals(index: GraphIndex, value: np.ndarray, gamma: float, step_rewards: str = "step") -> np.ndarray:
+    """A_t = γ V(dst_t) − V(src_t) (Eq. 8; "values": r_t + γ V(dst_t) − V(src_t)) per edge row, shape (n,)."""
+    td = gamma * value[index.dst] - value[index.src]
+    return td + index.reward if step_rewards == "values" else td
 
 
 def _single_bit_position(words: np.ndarray) -> np.ndarray:
@@ -457,22 +460,83 @@ def _walk(
     prune_sets: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Σ_{k=1..H} decay^k ratio(N_{k-1}) per row (rows in the returned order; NaN: a set not expanded)."""
-    max_h = int(horizon.max(initial=0))
-    ratio, nxt, _ = _set_chains(index, sum_a, out_deg, need, reach, prune_sets)
-    # Rows by decreasing horizon: the rows still walking at hop k are a prefix of this order.
-    rows = np.argsort(-horizon, kind="stable")
-    still = np.searchsorted(-horizon[rows], -np.arange(1, max_h + 1), side="right")  # rows with H >= k
-    cur = index.dst[rows]
-    acc = np.zeros(rows.size)
+    ratio, nxt, empty = _set_chains(index, sum_a, out_deg, need, reach, prune_sets)
+    rows = np.flatnonzero(horizon >= 1)
+    return walk_chains(index.dst[rows], horizon[rows], ratio, nxt, empty, decay), rows
+
+
+def walk_chains(
+    start: np.ndarray, horizon: np.ndarray, ratio: np.ndarray, nxt: np.ndarray, empty: int, decay: float
+) -> np.ndarray:
+    """Σ_{k=1..H_i} decay^k ratio(S_{i,k-1}) for chains S_{i,0} = start_i, S_{i,k} = nxt[S_{i,k-1}], shape (k,).
+
+    Walks all chains together, one gather per hop; a chain leaves the walk when its horizon is spent
+    or it reaches the empty set (ratio 0, its own next), so long horizons cost only while sets remain.
+    """
+    acc = np.zeros(start.size)
+    alive = np.flatnonzero((horizon >= 1) & (start != empty))
+    cur = start[alive].astype(np.int64)
+    left = horizon[alive].astype(np.int64)
     coef = 1.0
-    for k in range(1, max_h + 1):
-        c = int(still[k - 1])
+    while alive.size:
         coef *= decay
-        acc[:c] += coef * ratio[cur[:c]]
-        if k < max_h:
-            c_next = int(still[k])
-            cur[:c_next] = nxt[cur[:c_next]]  # the empty set maps to itself with ratio 0
-    return acc, rows
+        acc[alive] += coef * ratio[cur]
+        left -= 1
+        cur = nxt[cur]
+        keep = (left >= 1) & (cur != empty)
+        if not keep.all():
+            alive, cur, left = alive[keep], cur[keep], left[keep]
+    return acc
+
+
+# Markov Graph GAE stops its tail where (γλ)^k falls below this: the terms left are bounded by
+# (γλ)^K / (1 − γλ) · max |Ā|, under 2e-5 of the largest mean TD at γλ = 0.99 · 0.95.
+MARKOV_TAIL_TOL = 1e-6
+
+
+def markov_hops(decay: float, largest_group: int) -> int:
+    """Hops K of the Markov tail: ⌈log tol / log γλ⌉, or the largest group's node count when γλ = 1
+    (γ = 1 needs acyclic graphs, where every walk ends within m_g − 1 hops)."""
+    if decay >= 1.0:
+        return max(int(largest_group), 1)
+    return max(1, math.ceil(math.log(MARKOV_TAIL_TOL) / math.log(decay)))
+
+
+def markov_graph_gae(index: GraphIndex, td: np.ndarray, gamma: float, lam: float) -> np.ndarray:
+    """Markov Graph GAE (Eq. 9-10 with an edge-only horizon) for every row, shape (n,).
+
+    A^GAE_t = A_t + T(dst_t),  T(w) = Σ_{k≥1} (γλ)^k Ā_k(w),  N_0 = {w}: the tail is a function of
+    the edge's destination node, not of the turn index, so identical (state, action, next_state)
+    rows get identical credit. The sum runs until E_k is empty (an acyclic part ends by itself) and
+    is cut at K = ``markov_hops`` hops where a cycle keeps it going. Per-node sums ΣA_out below
+    ZERO_TOL count as 0 (solver noise: at the fixed point they are exactly 0 at every node without
+    ends), so only nodes that can reach a mixed node (ends and continuations) walk; the walk runs
+    over distinct destination nodes, not rows.
+    """
+    out = td.astype(np.float64).copy()
+    decay = gamma * lam
+    if decay == 0.0 or td.size == 0:
+        return out
+    m = index.n_nodes
+    out_deg = index.out_edges.astype(np.float64)
+    sum_a = np.bincount(index.src, weights=td, minlength=m)
+    sum_a = np.where(np.abs(sum_a) < ZERO_TOL, 0.0, sum_a)
+    reach = nonzero_reach(index, sum_a)
+    hops = markov_hops(decay, int(np.diff(index.offsets).max()))
+    starts = sorted_unique(index.dst[reach[index.dst] < hops])
+    if starts.size == 0:
+        return out
+    need = np.zeros(m, dtype=np.int64)
+    need[starts] = hops
+    ratio, nxt, empty = _set_chains(index, sum_a, out_deg, need, reach, prune_sets=True)
+    tail = walk_chains(starts, np.full(starts.size, hops), ratio, nxt, empty, decay)
+    if np.isnan(tail).any():  # trajectories that are not walks on the graph: expand every node
+        need = np.full(m, hops, dtype=np.int64)
+        ratio, nxt, empty = _set_chains(index, sum_a, out_deg, need, reach, prune_sets=True)
+        tail = walk_chains(starts, np.full(starts.size, hops), ratio, nxt, empty, decay)
+    per_node = np.zeros(m)
+    per_node[starts] = tail
+    return out + per_node[index.dst]
 
 
 def trajectory_gae(
@@ -498,14 +562,15 @@ def trajectory_gae(
 
 
 def node_normalize(
-    x: np.ndarray, src: np.ndarray, m: int, zero_tol: float = ZERO_TOL
+    x: np.ndarray, src: np.ndarray, m: int, zero_tol: float = ZERO_TOL, std_floor: float = 0.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 11 over the raw out-edge instances of each src node; returns (advantage, group size).
 
-    n ≥ 2: (x − mean) / (std_ddof1 + 1e-6);  n = 1: x / (|x| + 1e-6).
+    n ≥ 2: (x − mean) / (max(std_ddof1, floor) + 1e-6);  n = 1: x / (max(|x|, floor) + 1e-6).
     Solver noise stays 0: values with |x| < ``zero_tol`` (= 1000 × the solve tolerance 1e-8) count as
     exactly 0 first, and a node whose edges' spread (std_ddof1) is below ``zero_tol`` has zero spread,
-    so all its edges get 0.
+    so all its edges get 0. ``std_floor`` (reward units, 0 = the paper's rule) keeps near-ties small:
+    a node whose edges differ by 0.01 is not stretched to ±1 when the floor is 1.
     """
     x = np.where(np.abs(x) < zero_tol, 0.0, x)
     count = np.bincount(src, minlength=m)
@@ -514,9 +579,26 @@ def node_normalize(
     var = np.bincount(src, weights=dev * dev, minlength=m) / np.maximum(count - 1, 1)
     n = count[src]
     spread = np.sqrt(var)[src]
-    multi = np.where(spread < zero_tol, 0.0, dev / (spread + _NORM_EPS))
-    single = x / (np.abs(x) + _NORM_EPS)
+    multi = np.where(spread < zero_tol, 0.0, dev / (np.maximum(spread, std_floor) + _NORM_EPS))
+    single = x / (np.maximum(np.abs(x), std_floor) + _NORM_EPS)
     return np.where(n >= 2, multi, single), n.astype(np.int32)
+
+
+def batch_normalize(x: np.ndarray, src: np.ndarray, m: int, zero_tol: float = ZERO_TOL) -> np.ndarray:
+    """Centred per src node, scaled by the batch: dev / (std_ddof1(dev over all rows) + 1e-6).
+
+    dev = x − mean over the node's out-edge instances (n ≥ 2), or x itself at a single-edge node
+    (centring would erase its sign, which Eq. 11's single-edge rule keeps). One scale for the whole
+    batch, so a node's near-ties stay as small as they are next to other nodes' real differences.
+    """
+    x = np.where(np.abs(x) < zero_tol, 0.0, x)
+    count = np.bincount(src, minlength=m)
+    mean = np.bincount(src, weights=x, minlength=m) / np.maximum(count, 1)
+    dev = np.where(count[src] >= 2, x - mean[src], x)
+    if dev.size < 2:
+        return dev
+    scale = float(np.std(dev, ddof=1))
+    return np.zeros_like(dev) if scale < zero_tol else dev / (scale + _NORM_EPS)
 
 
 def horizons(edges: pl.DataFrame) -> np.ndarray:
@@ -534,11 +616,27 @@ def graft_credit(
     lam: float,
     gae: str = "graph",
     normalize: str = "node",
+    *,
+    step_rewards: str = "step",
+    gae_horizon: str = "markov",
+    node_std_floor: float = 0.0,
 ) -> CreditOutput:
-    """GRAFT credit for every edge row (arrays aligned with ``edges``)."""
-    td = td_residuals(index, value, gamma)
+    """GRAFT credit for every edge row (arrays aligned with ``edges``).
+
+    ``step_rewards = "step"``: TD A_t = γV(dst) − V(src) (Eq. 8), and the credit before normalization
+    is A^GAE_t + r_t -- the step's own reward (invalid penalty) enters its own credit only, after the
+    GAE tail (so no other step's credit carries it) and before normalization (so at a node an invalid
+    edge ranks below the valid ones whatever the scale of the values). ``"values"``: the earlier
+    reading, TD r_t + γV(dst) − V(src) with r inside V, nothing added after.
+    """
+    td = td_residuals(index, value, gamma, step_rewards)
     if gae == "graph":
-        refined = graph_gae(index, td, horizons(edges), gamma, lam)
+        if gae_horizon == "markov":
+            refined = markov_graph_gae(index, td, gamma, lam)
+        elif gae_horizon == "literal":
+            refined = graph_gae(index, td, horizons(edges), gamma, lam)
+        else:
+            raise GraftError(f"advantage.gae_horizon must be 'markov' or 'literal', got {gae_horizon!r}")
     elif gae == "trajectory":
         traj = edges["traj_id"].rank("dense").to_numpy().astype(np.int64)
         refined = trajectory_gae(td, traj, edges["step"].to_numpy().astype(np.int64), gamma, lam)
@@ -546,12 +644,17 @@ def graft_credit(
         refined = td.copy()
     else:
         raise GraftError(f"advantage.gae must be 'graph', 'trajectory' or 'none', got {gae!r}")
+    if step_rewards == "step":
+        refined = refined + index.reward
     if normalize == "node":
-        advantage, size = node_normalize(refined, index.src, index.n_nodes)
+        advantage, size = node_normalize(refined, index.src, index.n_nodes, std_floor=node_std_floor)
+    elif normalize == "batch":
+        advantage = batch_normalize(refined, index.src, index.n_nodes)
+        size = np.full(td.size, td.size, dtype=np.int32)
     elif normalize == "none":
         advantage, size = refined.copy(), np.ones(td.size, dtype=np.int32)
     else:
-        raise GraftError(f"advantage.normalize must be 'node' or 'none', got {normalize!r}")
+        raise GraftError(f"advantage.normalize must be 'node', 'batch' or 'none', got {normalize!r}")
     return CreditOutput(advantage=advantage, norm_group_size=size, td=td, gae=refined)
 
 
@@ -576,14 +679,25 @@ def node_values(index: GraphIndex, values: pl.DataFrame) -> np.ndarray:
 
 @register("graft")
 def graft_estimator(inputs: CreditInputs, config: AdvantageConfig) -> CreditOutput:
-    """GRAFT: A_t = r_t + γV(dst) − V(src) (Eq. 8), Graph GAE (Eq. 9-10), node normalization (Eq. 11).
+    """GRAFT: A_t = γV(dst) − V(src) (Eq. 8), Graph GAE (Eq. 9-10), node normalization (Eq. 11).
 
-    Uses ``inputs.edges``/``nodes``/``values`` (graph and solve outputs) and ``config.gae``,
-    ``config.lam``, ``config.normalize``; see the module docstring for the exact definitions and the
-    known property of literal Graph GAE at the fixed point.
+    Uses ``inputs.edges``/``nodes``/``values`` (graph and solve outputs), ``inputs.step_rewards`` and
+    ``config.gae``, ``gae_horizon``, ``lam``, ``normalize``, ``node_std_floor``; see the module
+    docstring for the exact definitions and the known property of Graph GAE at the fixed point.
     """
     if inputs.values is None:
         raise GraftError("estimator 'graft' needs the values table (run graft solve first)")
     index = inputs.index if inputs.index is not None else index_graph(inputs.nodes, inputs.edges)
     value = node_values(index, inputs.values)
-    return graft_credit(index, value, inputs.edges, inputs.gamma, config.lam, config.gae, config.normalize)
+    return graft_credit(
+        index,
+        value,
+        inputs.edges,
+        inputs.gamma,
+        config.lam,
+        config.gae,
+        config.normalize,
+        step_rewards=inputs.step_rewards,
+        gae_horizon=config.gae_horizon,
+        node_std_floor=config.node_std_floor,
+    )

@@ -26,6 +26,7 @@ class CreditInputs:
     values: values table (per group, per node) -- None for estimators that need no graph values
     gamma:  discount of the graph solve (SPEC §4)
     index:  stages.solve.index_graph(nodes, edges) when the caller already has it (else None)
+    step_rewards: solve.step_rewards the values were solved with ("step": r_t is not inside V)
     """
 
     steps: pl.DataFrame
@@ -34,6 +35,7 @@ class CreditInputs:
     values: pl.DataFrame | None
     gamma: float
     index: GraphIndex | None = None
+    step_rewards: str = "step"
 
 
 @dataclass(frozen=True)
