@@ -164,7 +164,12 @@ def run_all(
     t1 = time.perf_counter()
     index = index_graph(nodes, edges)
     values = solve_values(
-        nodes, edges, config.solve.gamma, config.solve.eps, index=index, step_rewards=config.solve.step_rewards
+        nodes,
+        edges,
+        config.solve.gamma,
+        config.solve.eps,
+        index=index,
+        step_rewards=config.solve.step_rewards,
     )
     t2 = time.perf_counter()
     adv = compute_advantages(
@@ -304,7 +309,12 @@ def solve_files(
     nodes, edges = held.nodes, held.edges
     index = held.index if held.index is not None else index_graph(nodes, edges)
     values = solve_values(
-        nodes, edges, config.solve.gamma, config.solve.eps, index=index, step_rewards=config.solve.step_rewards
+        nodes,
+        edges,
+        config.solve.gamma,
+        config.solve.eps,
+        index=index,
+        step_rewards=config.solve.step_rewards,
     )
     metrics = {**solve_metrics(values, edges, index), "seconds": time.perf_counter() - t0}
     steps = held.steps

@@ -307,7 +307,9 @@ def build_graph(
         raise GraftError(f"steps table is missing column(s) {', '.join(missing)}")
     if time_key:
         if canonicalize != "exact":
-            raise GraftError("graph.time_key needs graph.canonicalize = 'exact' (an embedding ignores the turn)")
+            raise GraftError(
+                "graph.time_key needs graph.canonicalize = 'exact' (an embedding ignores the turn)"
+            )
         steps = with_time_keys(steps)
     n = steps.height
     step = steps["step"].to_numpy().astype(np.int64)

@@ -285,7 +285,15 @@ def test_equals_the_literal_reference(
     ref = reference_advantages(graph, shared, gamma, lam, gae, normalize, **modes, std_floor=std_floor)
     index = index_graph(nodes, edges)
     out = graft_credit(
-        index, node_values(index, values), edges, gamma, lam, gae, normalize, **modes, node_std_floor=std_floor
+        index,
+        node_values(index, values),
+        edges,
+        gamma,
+        lam,
+        gae,
+        normalize,
+        **modes,
+        node_std_floor=std_floor,
     )
     # the Markov tail counts per-node out-sums under 1e-5 as 0 (solver noise); the reference does not
     tol = 1e-9 if gae_horizon == "literal" or gae != "graph" else 1e-7

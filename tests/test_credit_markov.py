@@ -223,8 +223,10 @@ def test_flat_groups_get_zero_credit_for_every_estimator():
         [
             fig2_steps(),
             make_steps(
-                [("U1", [("X", "X", -0.1), ("X", "Y", 0.0)], 0.0, "terminated"),
-                 ("U2", [("X", "Y", 0.0)], 0.0, "terminated")],
+                [
+                    ("U1", [("X", "X", -0.1), ("X", "Y", 0.0)], 0.0, "terminated"),
+                    ("U2", [("X", "Y", 0.0)], 0.0, "terminated"),
+                ],
                 group="flat",
             ),
         ]
@@ -239,7 +241,9 @@ def test_flat_groups_get_zero_credit_for_every_estimator():
         flat = (steps["group_id"] == "flat").to_numpy()
         assert np.abs(keep["advantage"].to_numpy()[flat]).max() > 0  # the invalid turn is credited
         np.testing.assert_array_equal(zero["advantage"].to_numpy()[flat], 0.0)
-        np.testing.assert_array_equal(zero["advantage"].to_numpy()[~flat], keep["advantage"].to_numpy()[~flat])
+        np.testing.assert_array_equal(
+            zero["advantage"].to_numpy()[~flat], keep["advantage"].to_numpy()[~flat]
+        )
 
 
 def test_time_key_makes_the_graph_acyclic_and_nodes_per_turn():
@@ -258,8 +262,14 @@ def test_time_key_makes_the_graph_acyclic_and_nodes_per_turn():
 def test_variant_settings_are_validated():
     config = load_config(None, ["solve.step_rewards=values", "advantage.gae_horizon=literal"])
     assert (config.solve.step_rewards, config.advantage.gae_horizon) == ("values", "literal")
-    for bad in ("solve.step_rewards=both", "advantage.gae_horizon=T", "advantage.normalize=group",
-                "advantage.node_std_floor=-1", "advantage.flat_groups=drop", "graph.time_key=1"):
+    for bad in (
+        "solve.step_rewards=both",
+        "advantage.gae_horizon=T",
+        "advantage.normalize=group",
+        "advantage.node_std_floor=-1",
+        "advantage.flat_groups=drop",
+        "graph.time_key=1",
+    ):
         with pytest.raises(GraftError, match=bad.split("=")[0]):
             load_config(None, [bad])
     defaults = load_config(None)

@@ -59,7 +59,9 @@ NOISE_MULTIPLE = 1000
 ZERO_TOL = NOISE_MULTIPLE * SOLVE_TOL  # 1e-5 in reward units
 
 
-def td_residuals(index: GraphIndex, value: np.ndarray, gamma: float, step_rewards: str = "step") -> np.ndarray:
+def td_residuals(
+    index: GraphIndex, value: np.ndarray, gamma: float, step_rewards: str = "step"
+) -> np.ndarray:
     """A_t = γ V(dst_t) − V(src_t) (Eq. 8; "values": r_t + γ V(dst_t) − V(src_t)) per edge row, shape (n,)."""
     td = gamma * value[index.dst] - value[index.src]
     return td + index.reward if step_rewards == "values" else td
