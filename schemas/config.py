@@ -161,6 +161,9 @@ class UpdateConfig:
     # training engine and the rows come from the policy being trained, else recomputed before step 1
     old_logprobs: Literal["auto", "recompute", "stored"] = "auto"
     parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
+    # rows (a seeded sample) on which the exact KL(new ‖ old) of each update is measured (metrics
+    # policy_kl*, stages.update.policy_kl); their old distributions are kept on the CPU; 0 = off
+    kl_probe_rows: int = 128
 
 
 @dataclass
@@ -439,6 +442,7 @@ RANGES: dict[str, Rule] = {
     "update.grad_clip": _at_least(0),  # 0 = no clipping
     "update.weight_decay": _at_least(0),
     "update.max_tokens_per_batch": _at_least(1),
+    "update.kl_probe_rows": _at_least(0),
     "eval.temperature": _at_least(0),
     "eval.group_size": _at_least(1),
     "sft.episodes": _at_least(1),

@@ -215,6 +215,20 @@ def language_model(model: torch.nn.Module) -> torch.nn.Module:
     return inner.lm if isinstance(inner, SelectedLogits) else inner
 
 
+def selected_logits(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """Forward ``batch``; float32 logits at its selected positions, shape (N, V)."""
+    scorer = as_scorer(model)
+    device = next(scorer.parameters()).device
+    sel = batch.selected
+    return scorer(
+        batch.input_ids.to(device),
+        _model_mask(batch.attention_mask, language_model(scorer)).to(device),
+        None if batch.position_ids is None else batch.position_ids.to(device),
+        sel.batch.to(device),
+        sel.position.to(device),
+    ).float()
+
+
 def selected_log_probs(
     model: torch.nn.Module,
     batch: TokenBatch,
@@ -227,16 +241,9 @@ def selected_log_probs(
     ``log p = log_softmax(logits / temperature)`` in float32. The entropy is the full-vocabulary
     entropy of the same distribution; ``entropy_for`` (N,) bool restricts it to some tokens (others 0).
     """
-    scorer = as_scorer(model)
-    device = next(scorer.parameters()).device
+    logits = selected_logits(model, batch)
+    device = logits.device
     sel = batch.selected
-    logits = scorer(
-        batch.input_ids.to(device),
-        _model_mask(batch.attention_mask, language_model(scorer)).to(device),
-        None if batch.position_ids is None else batch.position_ids.to(device),
-        sel.batch.to(device),
-        sel.position.to(device),
-    ).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_norm = torch.logsumexp(logits, dim=-1)

@@ -46,6 +46,7 @@ from stages.update.checkpoint import (
     save_checkpoint,
 )
 from stages.update.distributed import DistContext, init_distributed, unwrap, wrap_model
+from stages.update.policy_kl import exact_kl, kl_summary, probe_indices, row_distributions
 from stages.update.trainer import RowLogProbs, TrainResult, score_all_rows, train_policy
 
 REFLOGPROBS_FILE = "reflogprobs"
@@ -306,6 +307,8 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     old = old_logprobs(model, rows, config, ctx, temperature, use_stored)
     old_seconds = time.perf_counter() - t_old
+    probe = probe_indices(rows.n, cfg.kl_probe_rows, update_rng(config.run.seed, iteration, "kl-probe"))
+    probe_before = row_distributions(model, rows, probe, temperature)
     if cfg.beta != 0.0 and is_reference:
         t_ref = time.perf_counter()
         ref = reference_logprobs(run, iteration, rows, config, ctx, temperature, policy_scores=old)
@@ -346,6 +349,11 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     finally:
         if close is not None:
             close()
+    probe_tokens = sum(len(d) for d in probe_before)
+    moved = kl_summary(
+        exact_kl(row_distributions(model, rows, probe, temperature), probe_before), probe_tokens
+    )
+    del probe_before
     model_state = gather_model_state(unwrap(model), keep=ctx.is_main)
     optimizer_state = gather_optimizer_state(unwrap(model), optimizer, keep=ctx.is_main)
     if ctx.is_main:
@@ -359,6 +367,7 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
                 "old_logprobs_stored": float(use_stored and bool((~rows.is_choice).any())),
                 "choose_rows": float(rows.is_choice.sum()),
                 "world_size": float(ctx.world_size),
+                **moved,
             },
         )
         metrics = pl.DataFrame(
