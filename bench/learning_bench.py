@@ -11,7 +11,11 @@ The long-horizon protocol (BENCHMARKS.md, "Learning: long-horizon household"):
         --seeds 0 1 2 3 4 --variants graft graft-nonorm gigpo grpo graft-token \
         --out bench_runs/long --section "Learning: long-horizon household (generate mode)"
 
-Variants: ``graft`` (GRAFT, Graph GAE, node normalization), ``graft-nonorm`` (no node
+Variants: ``graft`` (GRAFT as the config sets it: by default step rewards in the step's own credit,
+Markov Graph GAE, node normalization), ``graft-v4`` (protocol v4's credit: step rewards inside the
+values, the literal T − 1 − t horizon), ``graft-flat`` (zero credit for groups whose outcomes do not
+vary), ``graft-floor`` (node std floor 0.1 reward units), ``graft-batch`` (per-node centring, batch
+std), ``graft-time`` (turn index in the state key, with the flat-group guard), ``graft-nonorm`` (no node
 normalization), ``graft-traj`` (trajectory GAE), ``graft-td`` (no GAE), ``graft-token`` (GRAFT
 credit, token-level GRPO objective instead of GRPO-C: the paper's Table 3 ablation), ``grpo``,
 ``gigpo``, ``rloo``, ``salt``, ``graphgpo``, ``rtmc``. Each run is a normal ``graft loop`` run
@@ -55,6 +59,23 @@ VARIANTS: dict[str, list[str]] = {
     "graft-td": ["advantage.estimator=graft", "advantage.gae=none"],
     "graft-nonorm": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.normalize=none"],
     "graft-token": ["advantage.estimator=graft", "advantage.gae=graph", "update.objective=grpo"],
+    # protocol v4's credit (step rewards inside the node values, the literal T - 1 - t horizon)
+    "graft-v4": [
+        "advantage.estimator=graft",
+        "advantage.gae=graph",
+        "solve.step_rewards=values",
+        "advantage.gae_horizon=literal",
+    ],
+    # guards for groups without signal (beyond the paper; docs/credit.md)
+    "graft-flat": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.flat_groups=zero"],
+    "graft-floor": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.node_std_floor=0.1"],
+    "graft-batch": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.normalize=batch"],
+    "graft-time": [
+        "advantage.estimator=graft",
+        "advantage.gae=graph",
+        "graph.time_key=true",
+        "advantage.flat_groups=zero",
+    ],
     "grpo": ["advantage.estimator=grpo"],
     "gigpo": ["advantage.estimator=gigpo"],
     "rloo": ["advantage.estimator=rloo"],
@@ -233,6 +254,22 @@ def verdict(curves: dict[str, np.ndarray]) -> str:
     if wins:
         return f"**{best} wins** (AUC gap > 2 s.e. against every variant): {'; '.join(margins)}."
     return f"**No detectable difference** (decision rule: AUC gap > 2 s.e.): {'; '.join(margins)}."
+
+
+def improvement_table(curves: dict[str, np.ndarray]) -> str:
+    """Markdown: does RL improve the warm start? Per variant, the share of runs whose mean training
+    success over the last 5 iterations is above its iteration 0, and the mean change."""
+    lines = [
+        "| variant | runs with last-5 mean > iteration 0 | mean of (last 5 − iteration 0) ± s.e. |",
+        "|---|---|---|",
+    ]
+    for variant, c in curves.items():
+        delta = c[:, -5:].mean(axis=1) - c[:, 0]
+        se = delta.std(ddof=1) / np.sqrt(len(delta)) if len(delta) > 1 else 0.0
+        lines.append(
+            f"| {variant} | {int((delta > 0).sum())} of {len(delta)} | {delta.mean():+.3f} ± {se:.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def final_eval_by_type(runs: dict[str, list[Path]]) -> str:
@@ -576,6 +613,8 @@ def main() -> None:
             + f"--iters {args.iters} --seeds {' '.join(map(str, args.seeds))} --variants {' '.join(args.variants)}`.",
             table,
             verdict(curves),
+            "Does RL improve the warm start (training success, last 5 iterations vs iteration 0)?",
+            improvement_table(curves),
             "Held-out evaluation (eval split of the same environment):",
             eval_table(runs),
             "Held-out success per task type of the last evaluated policy (mean ± s.e. over seeds):",
