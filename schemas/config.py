@@ -350,6 +350,11 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
     """Validate a nested dict into a Config (unknown keys and wrong types are GraftErrors)."""
     config: Config = _build(Config, data, "", source)
     _check_ranges(config, source)
+    if config.graph.time_key and config.graph.canonicalize != "exact":
+        raise GraftError(
+            f"{source}: config key 'graph.time_key' = true needs graph.canonicalize = 'exact' "
+            f"(got {config.graph.canonicalize!r}: an embedding does not see the turn index)"
+        )
     return config
 
 

@@ -272,5 +272,7 @@ def test_variant_settings_are_validated():
     ):
         with pytest.raises(GraftError, match=bad.split("=")[0]):
             load_config(None, [bad])
+    with pytest.raises(GraftError, match="'graph.time_key' = true needs graph.canonicalize = 'exact'"):
+        load_config(None, ["graph.time_key=true", "graph.canonicalize=similarity"])
     defaults = load_config(None)
     assert defaults.solve.step_rewards == "step" and defaults.advantage.gae_horizon == "markov"
