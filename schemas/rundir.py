@@ -223,6 +223,9 @@ CHECKPOINT_MARKER = "graft_checkpoint.json"
 MARKER_FILES_KEY = "files"  # the marker's {relative path: sha256} of every other file
 
 
+ACTING_STAGES = ("rollout", "update")  # stages that act with (or train) the previous checkpoint's policy
+
+
 def guard_recompute(run: Run, stage: str, iteration: int, force: bool) -> list[Path]:
     """Before a stage command recomputes ``stage`` of ``iteration``: refuse (GraftError) when its output is
     finished or anything computed from it exists, unless ``force``; with ``force`` remove what depends
@@ -245,6 +248,13 @@ def guard_recompute(run: Run, stage: str, iteration: int, force: bool) -> list[P
             else ""
         )
         raise GraftError(f"{run.root}: {what}; use --force to recompute it{tail}")
+    if force and dependents and stage in ACTING_STAGES:
+        # what the stage will act from must be intact before anything is removed: retention may have
+        # pruned it, and removing the later iterations first would leave a run that cannot resume
+        try:
+            run.acting_checkpoint(iteration, stage)
+        except GraftError as exc:
+            raise GraftError(f"{exc}; --force removed nothing") from None
     if force:
         remove_outputs(dependents)
     return dependents
@@ -315,6 +325,8 @@ def checkpoint_damage(path: Path) -> str | None:
         return f"{marker_path}: unreadable checkpoint marker ({exc})"
     if recorded is None:
         return None
+    if not isinstance(recorded, dict):
+        return f"{marker_path}: the marker's '{MARKER_FILES_KEY}' is not a table of checksums"
     for name, digest in sorted(recorded.items()):
         file = path / name
         if not file.is_file():
@@ -323,6 +335,22 @@ def checkpoint_damage(path: Path) -> str | None:
             if hashlib.file_digest(fh, "sha256").hexdigest() != digest:
                 return f"{file}: checksum mismatch (the checkpoint file is damaged)"
     return None
+
+
+def forget_checkpoint_files(path: Path, prefix: str) -> None:
+    """Rewrite the marker of checkpoint ``path`` (atomically) without the files under ``prefix``/, so
+    that removing them afterwards leaves a checkpoint that still verifies (retention drops the
+    optimizer state of kept checkpoints). A marker without checksums is left as it is."""
+    marker_path = path / CHECKPOINT_MARKER
+    marker = json.loads(marker_path.read_text())
+    recorded = marker.get(MARKER_FILES_KEY) if isinstance(marker, dict) else None
+    if not isinstance(recorded, dict):
+        return
+    kept = {name: digest for name, digest in recorded.items() if not name.startswith(f"{prefix}/")}
+    if kept != recorded:
+        atomic_write_text(
+            marker_path, json.dumps({**marker, MARKER_FILES_KEY: kept}, indent=2, sort_keys=True)
+        )
 
 
 def verify_checkpoint(path: Path) -> Path:

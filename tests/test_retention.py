@@ -137,3 +137,70 @@ def test_the_gpu_configs_keep_few_checkpoints() -> None:
     for name in ("alfworld", "search", "shop", "textworld"):
         config = load_config(CONFIGS / f"{name}.toml")
         assert config.checkpoint.keep_last == 2 and config.run.eval_every == 10, name
+
+
+def _runners_with_checksummed_state() -> dict:
+    """Like the real update: optimizer state inside the checkpoint, listed in the marker's checksums."""
+    import json
+
+    from schemas.rundir import CHECKPOINT_MARKER, MARKER_FILES_KEY, file_digests
+
+    runners = _runners_with_optimizer_state()
+    update = runners["update"]
+
+    def with_marker(run: Run, it: int, config: Config) -> None:
+        update(run, it, config)
+        folder = run.checkpoint_dir(it)
+        marker = json.loads((folder / CHECKPOINT_MARKER).read_text())
+        marker[MARKER_FILES_KEY] = file_digests(folder)
+        (folder / CHECKPOINT_MARKER).write_text(json.dumps(marker))
+
+    return {**runners, "update": with_marker}
+
+
+def test_pruned_optimizer_state_leaves_every_kept_checkpoint_intact(tmp_path: Path) -> None:
+    # issue 28 item 1: pruning removed trainer_state/ while the kept checkpoints' markers still listed
+    # it, so evaluating or resuming from them failed as "missing from the checkpoint"
+    from schemas.rundir import checkpoint_damage, verify_checkpoint
+
+    config = Config()
+    config.run.eval_every = 0
+    config.checkpoint.keep_last, config.checkpoint.keep_every = 1, 2
+    run = create_run(tmp_path / "r", config)
+    run_loop(run, config, 4, runners=_runners_with_checksummed_state(), prepare=lambda *_: None)
+    assert run.checkpoint_iterations() == [1, 3]
+    assert not (run.checkpoint_dir(1) / TRAINER_STATE_DIR).exists()
+    for i in run.checkpoint_iterations():
+        assert checkpoint_damage(run.checkpoint_dir(i)) is None
+        verify_checkpoint(run.checkpoint_dir(i))
+
+
+def test_a_marker_whose_files_is_not_a_table_is_one_line(tmp_path: Path) -> None:
+    import json
+
+    from schemas.rundir import CHECKPOINT_MARKER, checkpoint_damage
+
+    (tmp_path / CHECKPOINT_MARKER).write_text(json.dumps({"files": ["model.safetensors"]}))
+    assert "'files' is not a table" in checkpoint_damage(tmp_path)
+
+
+def test_force_checks_the_acting_checkpoint_before_it_removes_anything(tmp_path: Path) -> None:
+    # issue 28 item 1: `graft update R --iter 1 --force` with keep_last=1, keep_every=2 deleted
+    # iteration 2 and its checkpoint, then failed (checkpoint 0, which iteration 1 trains, was pruned)
+    from schemas.rundir import guard_recompute
+
+    config = Config()
+    config.run.eval_every = 0
+    config.checkpoint.keep_last, config.checkpoint.keep_every = 1, 2
+    run = create_run(tmp_path / "r", config)
+    run_loop(run, config, 3, runners=_runners_with_checksummed_state(), prepare=lambda *_: None)
+    assert run.checkpoint_iterations() == [1, 2]
+    for stage in ("update", "rollout"):
+        with pytest.raises(
+            GraftError, match=r"iter_0000 is not a complete checkpoint.*--force removed nothing"
+        ):
+            guard_recompute(run, stage, 1, force=True)
+        assert run.checkpoint_iterations() == [1, 2] and run.stage_complete("update", 2)
+    # with the acting checkpoint intact (iteration 2 acts from checkpoint 1) --force goes ahead
+    removed = guard_recompute(run, "rollout", 2, force=True)
+    assert run.checkpoint_dir(2) in removed and run.checkpoint_iterations() == [1]

@@ -12,7 +12,8 @@ iteration, only
   shows can be evaluated again;
 
 and drops the optimizer state (``trainer_state/``) from all but the newest: only the next update
-restores it. Pruned checkpoints are never read again, so a run with retention ends with the same
+restores it. The marker of such a checkpoint is rewritten without those files first, so every kept
+checkpoint still verifies against its checksums. Pruned checkpoints are never read again, so a run with retention ends with the same
 tables as one without (tested in tests/test_retention.py).
 """
 
@@ -22,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from schemas.config import CheckpointConfig
-from schemas.rundir import Run, checkpoint_complete, remove_outputs
+from schemas.rundir import Run, checkpoint_complete, forget_checkpoint_files, remove_outputs
 from stages.update.checkpoint import TRAINER_STATE_DIR
 
 
@@ -58,6 +59,9 @@ def prune_checkpoints(run: Run, cfg: CheckpointConfig) -> list[Path]:
         for i in sorted(keep)
         if i != newest and (state := run.checkpoint_dir(i) / TRAINER_STATE_DIR).is_dir()
     ]
-    for state in states:  # a kill midway leaves part of it; the next prune removes the rest
+    for state in states:
+        # the marker first: a kill after it leaves unlisted files (harmless; the next prune removes
+        # them), never a marker that lists files which are gone
+        forget_checkpoint_files(state.parent, TRAINER_STATE_DIR)
         shutil.rmtree(state, ignore_errors=True)
     return dropped + states
