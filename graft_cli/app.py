@@ -70,11 +70,36 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        typer.echo(f"graft {package_version('graft')}")
+    except PackageNotFoundError:  # a source tree that was never installed
+        typer.echo("graft (not installed)")
+    raise typer.Exit()
+
+
 @app.callback()
 def _main(
     ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for user errors."),
+    trust_run: bool = typer.Option(
+        False,
+        "--trust-run",
+        help="Honour settings that run code (model.trust_remote_code, a plug-in env.name) from a saved "
+        "run's config.toml; without it they must be repeated with --set.",
+    ),
+    version: bool = typer.Option(
+        False, "--version", help="Print graft's version and exit.", is_eager=True, callback=_print_version
+    ),
 ) -> None:
+    from schemas.rundir import trust_saved_runs
+
+    trust_saved_runs(trust_run)
     ctx.obj = {"debug": debug}
 
 

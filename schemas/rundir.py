@@ -214,9 +214,46 @@ class Run:
         return write_table(data, table, self.table_path(iteration, table))
 
     def load_config(self, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+        """The run's saved config with ``overrides``; settings in it that can run code must be
+        repeated by ``overrides`` (or the process must trust saved runs: ``graft --trust-run``)."""
         if not self.config_path.is_file():
             raise GraftError(f"{self.root}: not a graft run (no config.toml)")
-        return load_config(self.config_path, overrides)
+        config = load_config(self.config_path, overrides)
+        if not _TRUST_RUNS[0]:
+            refuse_code_from_run(self.config_path, config, overrides)
+        return config
+
+
+# A run directory is data, not code (SPEC §11): someone else's run must not run Python on this machine
+# through its saved config. ``graft --trust-run`` turns the rule off for one process.
+_TRUST_RUNS = [False]
+
+
+def trust_saved_runs(enabled: bool) -> None:
+    """Honour code-running settings from saved run configs without repeating them (``--trust-run``)."""
+    _TRUST_RUNS[0] = bool(enabled)
+
+
+def code_running_settings(config: Config) -> dict[str, str]:
+    """The settings of ``config`` that make graft import or execute code: {key: value as text}."""
+    found = {}
+    if config.model.trust_remote_code:
+        found["model.trust_remote_code"] = "true"
+    if ":" in config.env.name:  # "module:Factory": a plug-in environment, imported by name
+        found["env.name"] = config.env.name
+    return found
+
+
+def refuse_code_from_run(source: Path, config: Config, overrides: list[str] | tuple[str, ...]) -> None:
+    """GraftError when a code-running setting comes from ``source`` (a saved run config) and is not set
+    by the command line's own ``overrides``."""
+    given = {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+    for key, value in code_running_settings(config).items():
+        if key not in given:
+            raise GraftError(
+                f"{source}: {key} = {value} runs code from the run directory, which is data; repeat it "
+                f"on the command line (--set {key}={value}) or pass graft --trust-run to honour it"
+            )
 
 
 CHECKPOINT_MARKER = "graft_checkpoint.json"
