@@ -20,6 +20,10 @@ DuckDB also allows its temp directory, by default ``<cwd>/.tmp`` -- which a run 
 a symlink to ``/``. So the temp directory is set, before the lock, to a fresh private directory
 (``tempfile.mkdtemp``, mode 0700, deleted afterwards): spilling still works and nothing else is
 reachable through it. A run holding a symlink that resolves outside the run is refused outright.
+
+DuckDB does not verify Parquet page checksums, so before it sees a run every file a view covers is
+read once with pyarrow's verification (schemas.verified: cached by file identity); a damaged byte is
+an error naming the file, never a different number.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import polars as pl
 
 from schemas.definitions import TABLES
 from schemas.errors import GraftError
+from schemas.verified import verify_tables
 
 # View name -> file name pattern inside an iteration directory (metrics: one file per stage).
 VIEW_FILES: dict[str, str] = {name: f"{name}.parquet" for name in TABLES} | {"metrics": "metrics*.parquet"}
@@ -63,6 +68,13 @@ def table_globs(root: Path) -> dict[str, list[str]]:
         if hits:
             found[view] = hits
     return found
+
+
+def _matches(pattern: str) -> list[Path]:
+    """The files an absolute glob pattern of ``table_globs`` matches."""
+    path = Path(pattern)
+    anchor = path.parent.parent if path.parent.name.startswith("iter_") else path.parent
+    return [f for f in anchor.glob(str(path.relative_to(anchor))) if f.is_file()]
 
 
 def top_level_iteration(root: Path) -> int | None:
@@ -149,6 +161,9 @@ def connect(
     globs = table_globs(root)
     if not globs:
         raise GraftError(f"{root}: no graft tables found (expected iter_NNNN/<table>.parquet files)")
+    # DuckDB does not check Parquet page CRCs: every file a view can read is verified first (cached by
+    # file identity, so a second query reads nothing again)
+    verify_tables(sorted({f for patterns in globs.values() for p in patterns for f in _matches(p)}))
     con = duckdb.connect(":memory:")
     try:
         # before anything else: DuckDB's default temp directory <cwd>/.tmp is an allowed directory

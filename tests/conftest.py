@@ -12,6 +12,12 @@ from schemas.config import Config
 from schemas.rundir import Run, create_run
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """graft's user cache (schemas.verified) in a per-test directory, never the tester's ~/.cache."""
+    monkeypatch.setenv("GRAFT_CACHE_DIR", str(tmp_path_factory.mktemp("graft-cache")))
+
+
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()

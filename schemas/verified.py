@@ -1,0 +1,86 @@
+"""Verify graft tables before a reader that does not check page CRCs (DuckDB) sees them.
+
+``verify_tables(paths)`` reads each Parquet file once with pyarrow's page-checksum verification
+(``schemas.io.verify_table``) and raises one GraftError naming the first damaged file. A file that
+verified before is not read again while its identity is unchanged: (device, inode, size, mtime_ns,
+ctime_ns), kept in ``$GRAFT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/graft`` or ``~/.cache/graft``)
+as ``verified-tables.json``. Any write to a file changes its ctime (which no user call can set back),
+so a changed file is always verified again; the cache only ever records files that verified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from schemas.errors import GraftError
+from schemas.io import verify_table
+
+CACHE_FILE = "verified-tables.json"
+_MAX_ENTRIES = 100_000  # a bound on the cache file: the oldest entries go first
+
+
+def cache_dir() -> Path:
+    """Where the verification cache lives (``GRAFT_CACHE_DIR`` > ``XDG_CACHE_HOME/graft`` > ~/.cache/graft)."""
+    explicit = os.environ.get("GRAFT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "graft"
+
+
+def file_identity(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+
+
+def _load(path: Path) -> dict[str, list[int]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save(path: Path, entries: dict[str, list[int]]) -> None:
+    """Best effort: a cache that cannot be written only costs a re-verification next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        keep = dict(list(entries.items())[-_MAX_ENTRIES:])
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".verified-", suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(keep, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def verify_tables(paths: Iterable[Path]) -> int:
+    """Verify every file of ``paths`` not verified before in its current state; return how many were read.
+
+    Raises GraftError (the file and what is wrong, one line) at the first damaged file.
+    """
+    cache_path = cache_dir() / CACHE_FILE
+    cache = _load(cache_path)
+    read = 0
+    changed = False
+    for path in paths:
+        key = str(Path(path).resolve())
+        identity = file_identity(Path(path))
+        if cache.get(key) == identity:
+            continue
+        problem = verify_table(path)
+        read += 1
+        if problem is not None:
+            if cache.pop(key, None) is not None:
+                _save(cache_path, cache)
+            raise GraftError(f"{problem}; graft sql serves no damaged table")
+        cache.pop(key, None)
+        cache[key] = identity  # newest last: the bound drops the oldest
+        changed = True
+    if changed:
+        _save(cache_path, cache)
+    return read
