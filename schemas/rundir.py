@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +50,11 @@ DERIVED_FILES: dict[str, tuple[str, ...]] = {
     "update": ("metrics_update.parquet", "reflogprobs.parquet"),
     "eval": (),
 }
-LOOP_FILES = ("metrics_loop.parquet", ".loop_seconds.json")
+# the loop's done-marker, its seconds sidecar and the finished iteration's manifest (removed together)
+LOOP_FILES = ("metrics_loop.parquet", ".loop_seconds.json", "manifest.json")
+MANIFEST_FILE = "manifest.json"
+# replaced legitimately after an iteration finished (graft eval --force): not in the manifest
+MANIFEST_EXCLUDED = ("metrics_loop.parquet", "eval.parquet", ".loop_seconds.json", MANIFEST_FILE)
 
 
 @dataclass(frozen=True)
@@ -258,6 +262,52 @@ def refuse_code_from_run(source: Path, config: Config, overrides: list[str] | tu
 
 CHECKPOINT_MARKER = "graft_checkpoint.json"
 MARKER_FILES_KEY = "files"  # the marker's {relative path: sha256} of every other file
+
+
+def write_manifest(folder: Path) -> Path:
+    """Record the size and sha256 of every table of a finished iteration (``manifest.json``, atomic),
+    so that resuming can tell a finished iteration from one whose tables were changed since."""
+    files = {}
+    for path in sorted(folder.glob("*.parquet")):
+        if path.name in MANIFEST_EXCLUDED:
+            continue
+        with open(path, "rb") as fh:
+            files[path.name] = {
+                "size": path.stat().st_size,
+                "sha256": hashlib.file_digest(fh, "sha256").hexdigest(),
+            }
+    target = folder / MANIFEST_FILE
+    atomic_write_text(target, json.dumps({"files": files}, indent=2, sort_keys=True))
+    return target
+
+
+def manifest_damage(folder: Path, known_intact: Callable[[Path], bool] = lambda _: False) -> str | None:
+    """None when every table the iteration's manifest lists is there with its size and checksum (and no
+    table was added), else what differs (one line). No manifest (a run from before manifests): None.
+    ``known_intact(path)``: True skips hashing a file already checked in its current state."""
+    target = folder / MANIFEST_FILE
+    if not target.is_file():
+        return None
+    try:
+        files = json.loads(target.read_text())["files"]
+        assert isinstance(files, dict)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        return f"{target}: unreadable manifest"
+    present = {p.name for p in folder.glob("*.parquet") if p.name not in MANIFEST_EXCLUDED}
+    for name in sorted(present - set(files)):
+        return f"{folder / name}: not in the finished iteration's manifest (added after it finished)"
+    for name, entry in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{path}: listed in the finished iteration's manifest but missing"
+        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size"):
+            return f"{path}: size differs from the finished iteration's manifest (the table was replaced)"
+        if known_intact(path):
+            continue
+        with open(path, "rb") as fh:
+            if hashlib.file_digest(fh, "sha256").hexdigest() != entry.get("sha256"):
+                return f"{path}: checksum differs from the finished iteration's manifest (changed or damaged)"
+    return None
 
 
 ACTING_STAGES = ("rollout", "update")  # stages that act with (or train) the previous checkpoint's policy

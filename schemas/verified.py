@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from schemas.errors import GraftError
@@ -56,6 +56,30 @@ def _save(path: Path, entries: dict[str, list[int]]) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def known_intact(kind: str) -> tuple[Callable[[Path], bool], Callable[[], None]]:
+    """(check, commit) for another check keyed the same way (``kind``, e.g. "manifest"): ``check(path)``
+    is True when ``path`` passed a ``kind`` check in its current state; after every file passed, ``commit()``
+    records the ones asked about (so a failed check records nothing)."""
+    cache_path = cache_dir() / CACHE_FILE
+    cache = _load(cache_path)
+    asked: dict[str, list[int]] = {}
+
+    def check(path: Path) -> bool:
+        key = f"{kind}:{Path(path).resolve()}"
+        identity = file_identity(Path(path))
+        asked[key] = identity
+        return cache.get(key) == identity
+
+    def commit() -> None:
+        fresh = {k: v for k, v in asked.items() if cache.get(k) != v}
+        if fresh:
+            for key in fresh:
+                cache.pop(key, None)
+            _save(cache_path, {**cache, **fresh})
+
+    return check, commit
 
 
 def verify_tables(paths: Iterable[Path]) -> int:

@@ -33,7 +33,8 @@ import polars as pl
 from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import STAGES, Run, atomic_write_text, run_lock
+from schemas.rundir import STAGES, Run, atomic_write_text, manifest_damage, run_lock, write_manifest
+from schemas.verified import known_intact
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
 from stages.live_log import TensorBoardLogger, open_logger
@@ -145,12 +146,30 @@ def run_iteration(
         atomic_write_text(sidecar, json.dumps(seconds))
     result.seconds = {s: seconds.get(s, 0.0) for s in stages}
     result.evaluated = evaluate
+    write_manifest(folder)  # before the done-marker: a finished iteration always has its manifest
     write_table(loop_metrics(iteration, result.seconds), "metrics", folder / f"{LOOP_TABLE}.parquet")
     return result
 
 
 def iteration_finished(run: Run, iteration: int) -> bool:
     return (run.iter_dir(iteration) / f"{LOOP_TABLE}.parquet").is_file()
+
+
+def check_finished_iterations(run: Run, iters: int) -> None:
+    """Every finished iteration below ``iters`` still holds the tables its manifest lists (sizes and
+    sha256; files unchanged since an earlier check are not hashed again); else a GraftError naming the
+    table -- a resumed loop never builds on, nor reports "nothing to do" over, a changed iteration."""
+    check, commit = known_intact("manifest")
+    for iteration in range(iters):
+        if not iteration_finished(run, iteration):
+            continue
+        damage = manifest_damage(run.iter_dir(iteration), check)
+        if damage is not None:
+            raise GraftError(
+                f"{damage}; iteration {iteration} is not what the loop finished (recompute it: graft "
+                f"rollout {run.root} --iter {iteration} --force, or restore the file)"
+            )
+    commit()
 
 
 def run_loop(
@@ -203,6 +222,7 @@ def _run_loop_locked(
             logger.log_iteration(run, -1)
         if on_initial_eval is not None and run.initial_eval_path.is_file():
             on_initial_eval(time.perf_counter() - start)
+    check_finished_iterations(run, iters)
     results = []
     for iteration in range(iters):
         if iteration_finished(run, iteration):
