@@ -217,6 +217,12 @@ class Run:
     def write(self, iteration: int, table: str, data: pl.DataFrame) -> Path:
         return write_table(data, table, self.table_path(iteration, table))
 
+    def saved_config(self) -> Config:
+        """The run's config.toml as saved, for comparison only (nothing acts on it here)."""
+        if not self.config_path.is_file():
+            raise GraftError(f"{self.root}: not a graft run (no config.toml)")
+        return load_config(self.config_path)
+
     def load_config(self, overrides: list[str] | tuple[str, ...] = ()) -> Config:
         """The run's saved config with ``overrides``; settings in it that can run code must be
         repeated by ``overrides`` (or the process must trust saved runs: ``graft --trust-run``)."""

@@ -395,3 +395,21 @@ def test_solve_refuses_values_that_overflow(runner, tmp_path):
     result = runner.invoke(app, ["advantage", str(path), "-o", str(out), "--set", "solve.gamma=0.9"])
     assert result.exit_code == 2 and "not finite" in result.stderr
     assert not (out / "advantages.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["solve={gamma=0.5}", "solve.gamma=0.5", "solve={step_rewards='values'}", "graph={time_key=true}"],
+)
+def test_advantage_on_a_run_resolves_inline_tables_like_dotted_keys(runner, tmp_path, override):
+    # issue 28 item 4: --set 'solve={gamma=0.5}' skipped the re-solve (only dotted keys were looked at)
+    from schemas.config import load_config
+
+    run = create_run(tmp_path / "run", Config())
+    steps = synth_steps(groups=3, group_size=4, horizon=6, seed=3)
+    run.write(0, "steps", steps.with_columns(pl.lit(0, dtype=pl.Int32).alias("iter")))
+    assert runner.invoke(app, ["advantage", str(run.root), "--iter", "0"]).exit_code == 0
+    result = runner.invoke(app, ["advantage", str(run.root), "--iter", "0", "--set", override, "--force"])
+    assert result.exit_code == 0, result.output
+    expected = credit.run_all(steps, load_config(None, [override])).advantages["advantage"].to_numpy()
+    np.testing.assert_allclose(run.read(0, "advantages")["advantage"].to_numpy(), expected, atol=1e-9)

@@ -224,10 +224,11 @@ def advantage(
         run, config = _run_context(target, iteration, config_path, overrides, "advantage")
         get_estimator(config.advantage.estimator)  # unknown names fail before any work
         it: int = iteration  # type: ignore[assignment]
-        # --set graph.* / solve.* must reach the values the TD uses: those stages run again
-        keys = {o.split("=", 1)[0].strip() for o in overrides}
-        new_graph = any(k.startswith("graph.") for k in keys)
-        new_values = new_graph or any(k.startswith("solve.") for k in keys)
+        # --set graph.* / solve.* (dotted keys or inline tables alike) must reach the values the TD
+        # uses: compare the resolved sections with the run's own, and run those stages again
+        saved = run.saved_config()
+        new_graph = config.graph != saved.graph
+        new_values = new_graph or config.solve != saved.solve
         with run_lock(run.root):
             redo_graph = new_graph or not run.stage_complete("graph", it)
             redo_solve = redo_graph or new_values or not run.stage_complete("solve", it)
