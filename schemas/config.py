@@ -486,6 +486,14 @@ def _check_ranges(config: Config, source: str) -> None:
 # writing
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_key(key: str) -> str:
+    """A bare key when TOML allows one, else a quoted one: ``a.b`` unquoted would become a nested table."""
+    return key if _BARE_KEY.fullmatch(key) else _toml_value(str(key))
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -499,7 +507,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
@@ -507,8 +515,8 @@ def dump_toml(data: dict[str, Any]) -> str:
     """Write a two-level dict (sections of scalars) as TOML; nested dicts become inline tables."""
     lines: list[str] = []
     for section, values in data.items():
-        lines.append(f"[{section}]")
+        lines.append(f"[{_toml_key(section)}]")
         for key, value in values.items():
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)

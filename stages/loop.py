@@ -101,9 +101,12 @@ def _read_sidecar(path: Path) -> dict[str, float]:
 
 def remove_stale_temporaries(run: Run) -> list[Path]:
     """Delete temporary outputs a killed process left behind (``.<name>.<random>.tmp`` files and
-    directories from ``write_table`` / ``atomic_write_text`` / ``atomic_dir``); returns them."""
+    directories from ``write_table`` / ``atomic_write_text`` / ``atomic_dir``; the warm start's
+    folders too); returns them."""
     removed = []
-    folders = [run.root, run.root / "checkpoints", *(run.iter_dir(i) for i in run.iterations())]
+    warm = [run.sft_dir, run.sft_dir / "demos", run.sft_dir / "dagger"]
+    warm += sorted((run.sft_dir / "dagger").glob("round_*"))
+    folders = [run.root, run.root / "checkpoints", *warm, *(run.iter_dir(i) for i in run.iterations())]
     for folder in folders:
         for path in folder.glob(".*.tmp"):
             if path.is_dir():

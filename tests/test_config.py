@@ -234,3 +234,17 @@ def test_any_string_setting_round_trips_through_the_saved_toml(text):
     config.model.path = text
     config.env.options = {"note": text}
     assert config_from_dict(tomllib.loads(config.to_toml())) == config
+
+
+def test_the_config_writer_quotes_keys_that_are_not_bare() -> None:
+    # issue 28 item 4: a dotted key in an options table came back as a nested table and the saved run
+    # refused to resume
+    import tomllib
+
+    from schemas.config import Config, config_from_dict
+
+    config = Config()
+    config.env.options = {"a.b": 1, "x y": "z", 'q"uote': 2.5, "plain_key-1": True}
+    text = config.to_toml()
+    assert config_from_dict(tomllib.loads(text)).env.options == config.env.options
+    assert config_from_dict(tomllib.loads(text)) == config

@@ -542,3 +542,64 @@ def test_the_tiny_vocabulary_has_every_situation_word(tmp_path: Path) -> None:
     path = build_tiny_model(tmp_path / "tiny", env, tasks_per_split=8, on_task=lambda *_: None)
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert vocabulary_misses(tokenizer, demos["response"].to_list()) == set()
+
+
+def test_demos_never_overwrite_a_steps_table_silently(tmp_path, runner):
+    # issue 28 item 4: `graft demos -o RUN/iter_0000` replaced a finished steps table
+    from graft_cli.app import app
+    from schemas.config import Config
+    from schemas.rundir import create_run
+
+    run = create_run(tmp_path / "run", Config())
+    result = runner.invoke(app, ["demos", "household", "-o", str(run.iter_dir(0)), "--episodes", "2"])
+    assert result.exit_code == 2 and "an iteration of run" in result.output
+    assert not run.iter_dir(0).exists()
+    out = tmp_path / "demos"
+    assert runner.invoke(app, ["demos", "household", "-o", str(out), "--episodes", "2"]).exit_code == 0
+    before = (out / "steps.parquet").read_bytes()
+    again = runner.invoke(app, ["demos", "household", "-o", str(out), "--episodes", "3"])
+    assert again.exit_code == 2 and "use --force" in again.output
+    assert (out / "steps.parquet").read_bytes() == before
+    forced = runner.invoke(app, ["demos", "household", "-o", str(out), "--episodes", "3", "--force"])
+    assert forced.exit_code == 0 and (out / "steps.parquet").read_bytes() != before
+
+
+def test_sft_takes_the_run_lock_and_clears_a_killed_warm_starts_temporaries(tmp_path, runner, monkeypatch):
+    import graft_cli.commands.warmstart  # noqa: F401
+    from graft_cli.app import app
+    from schemas.config import Config
+    from schemas.rundir import create_run
+
+    config = Config()
+    config.sft.enabled = True
+    run = create_run(tmp_path / "run", config)
+    stale = run.sft_dir / "dagger" / "round_1" / ".model.abc123.tmp"
+    stale.mkdir(parents=True)
+    seen = {}
+
+    def fake_initial_model(r, c):  # what the warm start sees when it starts
+        seen["stale_left"] = stale.exists()
+        raise SystemExit(0)
+
+    monkeypatch.setattr("stages.rollout.ensure_initial_model", fake_initial_model)
+    runner.invoke(app, ["sft", str(run.root)])
+    assert seen == {"stale_left": False}
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys,time; from schemas.rundir import run_lock\n"
+            f"with run_lock({str(run.root)!r}):\n    print('held', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = runner.invoke(app, ["sft", str(run.root)])
+        assert result.exit_code == 2 and "lock" in result.output
+    finally:
+        holder.kill()

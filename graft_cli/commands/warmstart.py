@@ -43,6 +43,7 @@ def demos(
     overrides: list[str] = typer.Option(
         [], "--set", help="Config override KEY=VALUE, e.g. --set env.options.receptacles=8 (repeatable)."
     ),
+    force: bool = typer.Option(False, "--force", help="Replace an existing DIR/steps.parquet."),
 ) -> None:
     """Play the scripted expert into DIR/steps.parquet (valid input for graft advantage and graft sft)."""
     from schemas import write_table
@@ -53,6 +54,13 @@ def demos(
 
     if split not in ("train", "eval"):
         raise GraftError(f"--split {split!r}: expected train or eval")
+    if (out.parent / "config.toml").is_file() and out.name.startswith("iter_"):
+        raise GraftError(
+            f"{out}: an iteration of run {out.parent}; demos are not its rollout (write them to another "
+            "directory; a run's warm start plays its own demos: graft sft)"
+        )
+    if (out / "steps.parquet").exists() and not force:
+        raise GraftError(f"{out / 'steps.parquet'}: exists; use --force to replace it")
     cfg = load_config(config, [f"env.name={env_name}", f"run.seed={seed}", *overrides])
     env = make_environment(cfg)
     steps = split_demos(env, cfg, split, episodes, noise, invalid_noise, keep_noise, think=think)
@@ -72,7 +80,8 @@ def sft(
 
     from schemas import read_table
     from schemas.errors import GraftError
-    from schemas.rundir import open_run
+    from schemas.rundir import open_run, run_lock
+    from stages.loop import remove_stale_temporaries
     from stages.rollout import ensure_initial_model
 
     run = open_run(run_dir)
@@ -82,7 +91,9 @@ def sft(
             f"{run.config_path}: sft.enabled is false, so no stage would use a warm start; start the run "
             "with --set sft.enabled=true (or an [sft] section with enabled = true)"
         )
-    path = ensure_initial_model(run, config)
+    with run_lock(run.root):  # a loop or another sft on the same run waits or is refused
+        remove_stale_temporaries(run)  # what a killed warm start left half-written
+        path = ensure_initial_model(run, config)
     rows = read_table(run.sft_dir / "metrics_sft.parquet", "metrics").filter(pl.col("task_type").is_null())
     values = dict(zip(rows["name"].to_list(), rows["value"].to_list(), strict=True))
     typer.echo(
