@@ -13,11 +13,14 @@ curve in TensorBoard is the same number as in ``graft sql`` / ``graft report``:
 The writer is ``tensorboardX`` (pure Python, offline event files; no TensorFlow or ``tensorboard``
 server needed to write them): ``pip install 'graft[log]'``. Event files go to ``log.dir`` (default
 ``<run>/tensorboard``); view them with ``tensorboard --logdir runs/NAME/tensorboard``. A resumed run
-opens a new event file in the same directory; TensorBoard merges them.
+opens a new event file in the same directory; TensorBoard merges them. ``logged_iterations.json``
+there records what was logged, so a resumed loop first logs the finished iterations a kill kept from
+their log line.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,9 @@ import polars as pl
 from schemas import read_table
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import Run
+from schemas.rundir import Run, atomic_write_text
+
+LEDGER = "logged_iterations.json"  # the iterations whose scalars are in this directory's event files
 
 
 def log_dir(run: Run, config: Config) -> Path:
@@ -85,6 +90,14 @@ class TensorBoardLogger:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self._writer: Any = SummaryWriter(logdir=str(directory))
+        self.logged = self._read_ledger()
+
+    def _read_ledger(self) -> set[int]:
+        try:
+            data = json.loads((self.directory / LEDGER).read_text())
+            return {int(i) for i in data}
+        except (OSError, ValueError, TypeError):
+            return set()
 
     def log_iteration(self, run: Run, iteration: int) -> int:
         """Write the scalars of ``iteration`` (see the module docstring); returns how many."""
@@ -92,7 +105,17 @@ class TensorBoardLogger:
         for tag, value, step in scalars:
             self._writer.add_scalar(tag, value, global_step=step)
         self._writer.flush()  # a live view, and nothing lost when the loop is killed afterwards
+        self.logged.add(iteration)
+        atomic_write_text(self.directory / LEDGER, json.dumps(sorted(self.logged)))
         return len(scalars)
+
+    def catch_up(self, run: Run, finished: list[int]) -> list[int]:
+        """Log the finished iterations (-1: the initial evaluation) that no earlier process logged: a
+        kill between an iteration's last table and its log line loses no scalars. Returns them."""
+        missing = [i for i in finished if i not in self.logged]
+        for iteration in missing:
+            self.log_iteration(run, iteration)
+        return missing
 
     def close(self) -> None:
         self._writer.close()

@@ -226,6 +226,9 @@ def _run_loop_locked(
         if on_initial_eval is not None and run.initial_eval_path.is_file():
             on_initial_eval(time.perf_counter() - start)
     check_finished_iterations(run, iters)
+    if logger is not None:
+        initial = [-1] if run.initial_eval_path.is_file() else []
+        logger.catch_up(run, initial + [i for i in run.iterations() if iteration_finished(run, i)])
     results = []
     for iteration in range(iters):
         if iteration_finished(run, iteration):

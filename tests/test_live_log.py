@@ -228,3 +228,27 @@ def test_report_without_update_metrics_has_no_update_panels(tmp_path: Path) -> N
     assert [p.name for p in paths] == ["curves.png", "report.md"]
     assert not (tmp_path / "rep" / "update.png").exists()
     assert "Policy update" not in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_a_kill_before_the_log_line_loses_no_scalars(tmp_path: Path, monkeypatch) -> None:
+    # issue 28 item 4: a kill between an iteration's tables and its log line lost its scalars for good
+    import stages.live_log as live_log
+
+    config = Config()
+    config.run.eval_every = 0
+    config.log.tensorboard = True
+    run = create_run(tmp_path / "r", config)
+    real = live_log.TensorBoardLogger.log_iteration
+
+    def killed(self, run_, iteration):  # type: ignore[no-untyped-def]
+        if iteration == 1:
+            raise KeyboardInterrupt  # the iteration's tables are written, its log line is not
+        return real(self, run_, iteration)
+
+    monkeypatch.setattr(live_log.TensorBoardLogger, "log_iteration", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(run, config, 3, runners=_runners_with_rollout_metrics(), prepare=lambda *_: None)
+    monkeypatch.setattr(live_log.TensorBoardLogger, "log_iteration", real)
+    run_loop(run, config, 3, runners=_runners_with_rollout_metrics(), prepare=lambda *_: None)
+    scalars = read_event_scalars(run.root / "tensorboard")
+    assert sorted(step for step, _ in scalars["rollout/success_rate"]) == [0, 1, 2]
