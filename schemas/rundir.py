@@ -319,13 +319,17 @@ def manifest_damage(folder: Path, known_intact: Callable[[Path], bool] = lambda 
 ACTING_STAGES = ("rollout", "update")  # stages that act with (or train) the previous checkpoint's policy
 
 
-def guard_recompute(run: Run, stage: str, iteration: int, force: bool) -> list[Path]:
+def guard_recompute(
+    run: Run, stage: str, iteration: int, force: bool, confirm: Callable[[str], bool] | None = None
+) -> list[Path]:
     """Before a stage command recomputes ``stage`` of ``iteration``: refuse (GraftError) when its output is
     finished or anything computed from it exists, unless ``force``; with ``force`` remove what depends
     on it (``Run.dependent_outputs``) and return the removed paths.
 
     A recomputed stage would otherwise leave later stages and iterations built on the old output: a
     run that silently mixes two histories (e.g. advantages of 133 steps next to a steps table of 146).
+    ``confirm(what)`` is asked before later iterations are removed (the CLI: a prompt, or ``--yes``);
+    False removes nothing.
     """
     finished = run.stage_complete(stage, iteration) if iteration >= 0 else run.initial_eval_path.is_file()
     dependents = run.dependent_outputs(stage, iteration)
@@ -348,6 +352,9 @@ def guard_recompute(run: Run, stage: str, iteration: int, force: bool) -> list[P
             run.acting_checkpoint(iteration, stage)
         except GraftError as exc:
             raise GraftError(f"{exc}; --force removed nothing") from None
+    later = [p for p in dependents if p.name.startswith("iter_") and p.name != run.iter_dir(iteration).name]
+    if force and later and confirm is not None and not confirm(describe_outputs(run, iteration, dependents)):
+        raise GraftError(f"{run.root}: --force not confirmed; nothing was removed")
     if force:
         remove_outputs(dependents)
     return dependents

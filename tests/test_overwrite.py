@@ -167,3 +167,37 @@ def test_forced_replay_then_loop_ends_with_the_uninterrupted_tables(tmp_path_fac
     for name in a:
         for key in a[name]:
             assert (a[name][key] == b[name][key]).all(), (name, key)
+
+
+def test_force_that_would_remove_later_iterations_asks_first(tmp_path: Path) -> None:
+    # issue 28 item 6: `graft rollout RUN --force` (no --iter) meant iteration 0 and deleted every
+    # iteration and checkpoint without asking
+    from schemas.config import Config
+    from schemas.rundir import create_run
+    from stages.loop import run_loop
+    from tests.test_loop import fake_runners
+
+    config = Config()
+    config.run.eval_every = 0
+    run = create_run(tmp_path / "r", config)
+    run_loop(run, config, 3, runners=fake_runners([]), prepare=lambda *_: None)
+    runner = CliRunner()
+    no_iter = runner.invoke(app, ["rollout", str(run.root), "--force"])
+    assert no_iter.exit_code == 2 and "give --iter I" in _one_error_line(no_iter)
+    for command in (
+        ["graph", str(run.root), "--iter", "0", "--force"],
+        ["update", str(run.root), "--iter", "1", "--force"],
+    ):
+        refused = runner.invoke(app, command)  # CliRunner's stdin is no terminal: no --yes, no removal
+        assert refused.exit_code == 2 and "--force not confirmed; nothing was removed" in refused.output
+        assert "pass --yes" in refused.output
+        assert run.iterations() == [0, 1, 2] and run.checkpoint_iterations() == [0, 1, 2]
+    said_no = runner.invoke(app, ["solve", str(run.root), "--iter", "1", "--force"], input="n\n")
+    assert said_no.exit_code == 2 and run.iterations() == [0, 1, 2]
+    from graft_cli.commands.confirm import removal_confirmer
+
+    assert removal_confirmer(False)("iterations 1..2") is False  # no terminal to ask on
+    assert removal_confirmer(True)("iterations 1..2") is True
+    done = runner.invoke(app, ["graph", str(run.root), "--iter", "1", "--force", "--yes"])
+    assert done.exit_code == 0, done.output
+    assert "iteration 2 with their checkpoints" in done.output and run.iterations() == [0, 1]

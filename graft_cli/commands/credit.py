@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from graft_cli.commands.confirm import YES_OPTION
 from schemas.errors import GraftError
 
 if TYPE_CHECKING:
@@ -52,11 +53,15 @@ def _is_run(target: Path) -> bool:
     return target.is_dir() and (target / "config.toml").is_file()
 
 
-def _guard(run, stage: str, iteration: int, force: bool) -> None:  # type: ignore[no-untyped-def]
-    """Refuse to recompute a finished stage unless --force (which removes what depends on it)."""
+def _guard(run, stage: str, iteration: int, force: bool, yes: bool) -> None:  # type: ignore[no-untyped-def]
+    """Refuse to recompute a finished stage unless --force (which removes what depends on it, asking
+    first when that includes later iterations)."""
+    from graft_cli.commands.confirm import removal_confirmer
     from schemas.rundir import guard_recompute, removed_summary
 
-    removed = removed_summary(run, iteration, guard_recompute(run, stage, iteration, force))
+    removed = removed_summary(
+        run, iteration, guard_recompute(run, stage, iteration, force, removal_confirmer(yes))
+    )
     if removed:
         typer.echo(removed)
 
@@ -145,6 +150,7 @@ def graph(
     config_path: Path | None = _CONFIG_OPTION,
     overrides: list[str] = _SET_OPTION,
     force: bool = _FORCE_OPTION,
+    yes: bool = YES_OPTION,
 ) -> None:
     """Build the trajectory graphs: steps -> nodes.parquet, edges.parquet."""
     from schemas.rundir import run_lock
@@ -153,7 +159,7 @@ def graph(
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "graph")
         with run_lock(run.root):  # type: ignore[union-attr]
-            _guard(run, "graph", iteration, force)  # type: ignore[arg-type]
+            _guard(run, "graph", iteration, force, yes)  # type: ignore[arg-type]
             run_graph(run, iteration, config)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
@@ -171,6 +177,7 @@ def solve(
     config_path: Path | None = _CONFIG_OPTION,
     overrides: list[str] = _SET_OPTION,
     force: bool = _FORCE_OPTION,
+    yes: bool = YES_OPTION,
 ) -> None:
     """Bellman values on the graphs: nodes, edges -> values.parquet."""
     from schemas.rundir import run_lock
@@ -179,7 +186,7 @@ def solve(
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "solve")
         with run_lock(run.root):  # type: ignore[union-attr]
-            _guard(run, "solve", iteration, force)  # type: ignore[arg-type]
+            _guard(run, "solve", iteration, force, yes)  # type: ignore[arg-type]
             run_solve(run, iteration, config)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
@@ -203,6 +210,7 @@ def advantage(
     config_path: Path | None = _CONFIG_OPTION,
     overrides: list[str] = _SET_OPTION,
     force: bool = _FORCE_OPTION,
+    yes: bool = YES_OPTION,
 ) -> None:
     """Step advantages: steps -> advantages.parquet (graph and values rebuilt when missing or stale).
 
@@ -232,7 +240,7 @@ def advantage(
         with run_lock(run.root):
             redo_graph = new_graph or not run.stage_complete("graph", it)
             redo_solve = redo_graph or new_values or not run.stage_complete("solve", it)
-            _guard(run, "graph" if redo_graph else "solve" if redo_solve else "advantage", it, force)
+            _guard(run, "graph" if redo_graph else "solve" if redo_solve else "advantage", it, force, yes)
             if redo_graph:
                 run_graph(run, it, config)
             if redo_solve:

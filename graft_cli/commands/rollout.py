@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from graft_cli.commands.confirm import YES_OPTION
 from schemas.config import DEFAULT_TINY_VOCAB_TASKS
 from schemas.errors import GraftError
 
@@ -66,7 +67,9 @@ def init_model(
 def rollout(
     run_arg: Path | None = typer.Argument(None, metavar="[RUN]", help="Run directory (uses its config)."),
     run_opt: Path | None = typer.Option(None, "--run", help="Same as the RUN argument."),
-    iteration: int = typer.Option(0, "--iter", help="Training iteration."),
+    iteration: int | None = typer.Option(
+        None, "--iter", help="Training iteration (required with a run; 0 without one)."
+    ),
     config_path: Path | None = typer.Option(
         None, "--config", help="Config TOML (without a run: with --out)."
     ),
@@ -80,13 +83,20 @@ def rollout(
     force: bool = typer.Option(
         False, "--force", help="Replay a finished iteration and remove what was computed from it."
     ),
+    yes: bool = YES_OPTION,
 ) -> None:
     """Play one iteration of rollouts and write steps.parquet (+ metrics_rollout.parquet)."""
+    from graft_cli.commands.confirm import removal_confirmer
     from schemas import write_table
     from schemas.config import load_config
     from schemas.rundir import Run, guard_recompute, open_run, removed_summary, run_lock
     from stages.rollout import parse_shard, rollout_iteration, run_rollout
 
+    run_dir = run_arg or run_opt
+    if iteration is None:
+        if run_dir is not None:  # a default would be iteration 0, and --force would remove every later one
+            raise GraftError(f"rollout: give --iter I for run {run_dir}")
+        iteration = 0
     if iteration < 0:
         raise GraftError(f"rollout: --iter must be >= 0, got {iteration}")
     parts = parse_shard(shard) if shard else None
@@ -113,7 +123,10 @@ def rollout(
         # shard workers write disjoint files side by side: a shared lock, which still excludes a loop
         with run_lock(run.root, shared=parts is not None):
             if parts is None:  # a shard never replaces a finished steps table (it is skipped then)
-                removed = removed_summary(run, iteration, guard_recompute(run, "rollout", iteration, force))
+                confirm = removal_confirmer(yes)
+                removed = removed_summary(
+                    run, iteration, guard_recompute(run, "rollout", iteration, force, confirm)
+                )
                 if removed:
                     typer.echo(removed)
             path = run_rollout(run, iteration, config, shard=parts, progress=progress)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from graft_cli.commands.confirm import YES_OPTION
+
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the graft app."""
@@ -26,12 +28,14 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(
             False, "--force", help="Retrain a finished iteration and remove what was computed from it."
         ),
+        yes: bool = YES_OPTION,
     ) -> None:
         """Train the policy on an iteration's steps and advantages; write the checkpoint and update table."""
         import os
 
         import polars as pl
 
+        from graft_cli.commands.confirm import removal_confirmer
         from schemas.errors import GraftError
         from schemas.rundir import guard_recompute, open_run, removed_summary, run_lock
         from stages.update import run_update
@@ -45,7 +49,9 @@ def register(app: typer.Typer) -> None:
             return
         with run_lock(run.root):
             # under torchrun one process checks and removes; the others read nothing it removes
-            removed = removed_summary(run, iteration, guard_recompute(run, "update", iteration, force))
+            removed = removed_summary(
+                run, iteration, guard_recompute(run, "update", iteration, force, removal_confirmer(yes))
+            )
             if removed:
                 typer.echo(removed)
             run_update(run, iteration, config)
