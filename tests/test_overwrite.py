@@ -52,6 +52,7 @@ def test_dependents_are_later_stages_then_later_iterations_newest_first(tmp_path
     assert set(last) == {
         "iter_0002/metrics_loop.parquet",
         "iter_0002/.loop_seconds.json",
+        "iter_0002/manifest.json",  # the finished iteration's manifest goes with its done-marker
         "iter_0002/eval.parquet",
     }
 
