@@ -97,7 +97,7 @@ def _main(
         False, "--version", help="Print graft's version and exit.", is_eager=True, callback=_print_version
     ),
 ) -> None:
-    from schemas.rundir import trust_saved_runs
+    from schemas.trust import trust_saved_runs
 
     trust_saved_runs(trust_run)
     ctx.obj = {"debug": debug}

@@ -331,6 +331,11 @@ def _parse_literal(text: str) -> Any:
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """Apply ``a.b=c`` strings to a nested dict (in place) and return it."""
     for item in overrides:
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes on the command line arrive as surrogates
+            shown = item.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+            raise GraftError(f"--set '{shown}': not valid UTF-8 text") from None
         if "=" not in item:
             raise GraftError(f"--set '{item}': expected KEY=VALUE, e.g. --set solve.gamma=0.95")
         key, raw = item.split("=", 1)
@@ -398,6 +403,16 @@ def _within(low: float, high: float, low_open: bool = False) -> Rule:
 
 
 _ANY_NUMBER: Rule = (lambda v: True, "")
+MAX_SEED = 2**63 - 1  # SeedSequence entropy is non-negative; seeds are stored as int64
+SEED_RULE: Rule = (lambda v: 0 <= v <= MAX_SEED, "must be in [0, 2**63 - 1]")
+
+
+def check_seed(seed: int, option: str = "--seed") -> None:
+    """A command-line seed in the range every setting's seed has (one clear line otherwise)."""
+    if not SEED_RULE[0](seed):
+        raise GraftError(f"{option} {seed}: {SEED_RULE[1]}")
+
+
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _RUN_NAME: Rule = (
     lambda v: (
@@ -408,7 +423,7 @@ _RUN_NAME: Rule = (
 
 RANGES: dict[str, Rule] = {
     "run.name": _RUN_NAME,
-    "run.seed": _at_least(0),  # SeedSequence entropy is non-negative
+    "run.seed": SEED_RULE,
     "run.iters": _at_least(0),
     "run.eval_every": _at_least(0),  # 0 = no evaluation inside the loop
     "run.torch_threads": _at_least(1),
@@ -455,7 +470,7 @@ RANGES: dict[str, Rule] = {
     "sft.invalid_noise": _within(0, 1),  # a probability
     "sft.keep_noise": _within(0, 1),  # a probability
     "sft.epochs": _at_least(1),
-    "sft.lr": _above(0),
+    "sft.lr": _within(0, 10, low_open=True),  # beyond 10 the first step overflows float32 weights
     "sft.warmup_steps": _at_least(0),
     "sft.batch_size": _at_least(1),
     "sft.tasks": _at_least(0),

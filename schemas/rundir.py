@@ -29,6 +29,7 @@ from schemas import read_table, write_table
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
 from schemas.io import publish_mode, verify_table
+from schemas.trust import saved_runs_trusted, trust_saved_runs  # noqa: F401  (re-exported)
 
 # Outputs of each stage, relative to iter_NNNN/ ("checkpoint" = checkpoints/iter_NNNN).
 STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
@@ -229,19 +230,13 @@ class Run:
         if not self.config_path.is_file():
             raise GraftError(f"{self.root}: not a graft run (no config.toml)")
         config = load_config(self.config_path, overrides)
-        if not _TRUST_RUNS[0]:
+        if not saved_runs_trusted():
             refuse_code_from_run(self.config_path, config, overrides)
         return config
 
 
 # A run directory is data, not code (SPEC §11): someone else's run must not run Python on this machine
-# through its saved config. ``graft --trust-run`` turns the rule off for one process.
-_TRUST_RUNS = [False]
-
-
-def trust_saved_runs(enabled: bool) -> None:
-    """Honour code-running settings from saved run configs without repeating them (``--trust-run``)."""
-    _TRUST_RUNS[0] = bool(enabled)
+# through its saved config. ``graft --trust-run`` (schemas.trust) turns the rule off for one process.
 
 
 def code_running_settings(config: Config) -> dict[str, str]:

@@ -46,6 +46,9 @@ def play(
     ),
 ) -> None:
     """Play an environment in the terminal: read actions from stdin, show rewards and the outcome."""
+    from schemas.config import check_seed
+
+    check_seed(seed)
     from schemas.config import load_config
     from stages.envs.base import Episode
     from stages.envs.registry import make_env

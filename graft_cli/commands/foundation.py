@@ -42,6 +42,9 @@ def synth(
     ),
 ) -> None:
     """Write synthetic group rollouts of random sparse-reward MDPs as a steps table."""
+    from schemas.config import check_seed
+
+    check_seed(seed)
     import polars as pl
 
     from stages.synth import write_synth

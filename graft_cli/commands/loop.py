@@ -171,6 +171,8 @@ def register(app: typer.Typer) -> None:
         from stages.loop import run_loop
 
         console = Console(stderr=False)
+        if iters is not None and iters < 0:  # before the run's lock file is created
+            raise GraftError(f"--iters {iters}: must be >= 0")
         root, checked = loop_root(config, run_dir, list(overrides))  # checks the config before any write
         with run_lock(root):
             run, cfg, target = open_loop_run(root, checked, iters, force)

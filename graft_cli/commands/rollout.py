@@ -36,6 +36,9 @@ def init_model(
     force: bool = typer.Option(False, "--force", help="Replace an existing directory."),
 ) -> None:
     """Create a policy model directory: the tiny model (random init + tokenizer of the environment's words), no download."""
+    from schemas.config import check_seed
+
+    check_seed(seed)
     from schemas.config import apply_overrides
     from stages.envs.registry import make_env
     from stages.policy.tiny import TinySpec, build_tiny_model, vocab_tasks_for

@@ -46,6 +46,9 @@ def demos(
     force: bool = typer.Option(False, "--force", help="Replace an existing DIR/steps.parquet."),
 ) -> None:
     """Play the scripted expert into DIR/steps.parquet (valid input for graft advantage and graft sft)."""
+    from schemas.config import check_seed
+
+    check_seed(seed)
     from schemas import write_table
     from schemas.config import load_config
     from schemas.errors import GraftError

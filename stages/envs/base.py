@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from schemas.errors import GraftError
 
 
@@ -104,16 +106,34 @@ class StepRecord:
     error: str | None = None
 
 
+def checked_observation(obs: Observation, where: str) -> Observation:
+    """An observation whose text and state key are strings and whose admissible actions are a list of
+    strings (a plug-in's data is checked where it enters, so it never fails later as a traceback)."""
+    if not isinstance(obs, Observation):
+        raise TypeError(f"{where} returned {type(obs).__name__}, not an Observation")
+    if not isinstance(obs.text, str) or not isinstance(obs.state_key, str):
+        raise TypeError(f"{where}: observation text and state_key must be strings")
+    admissible = obs.admissible
+    if not isinstance(admissible, (list, tuple)) or not all(isinstance(a, str) for a in admissible):
+        raise TypeError(f"{where}: admissible must be a list of strings, got {admissible!r:.80}")
+    return obs
+
+
 def _checked(result: Transition) -> Transition:
-    """A step's transition with numbers and texts of the right kind (environment data is checked here,
-    inside the step's error handling, so bad data truncates the episode instead of failing later)."""
+    """A step's transition with numbers, flags and texts of the right kind (environment data is checked
+    here, inside the step's error handling, so bad data truncates the episode instead of failing later)."""
+    if not isinstance(result, Transition):
+        raise TypeError(f"step returned {type(result).__name__}, not a Transition")
     numbers = {"reward": result.reward, "outcome": result.outcome, "score": result.score}
     for name, value in numbers.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"transition {name} = {value!r} is not a finite number")
-    obs = result.observation
-    if not isinstance(obs.text, str) or not isinstance(obs.state_key, str):
-        raise TypeError("transition observation text and state_key must be strings")
+    for name, flag in {"terminated": result.terminated, "won": result.won}.items():
+        if not isinstance(
+            flag, (bool, np.bool_)
+        ):  # "no" is truthy: a string flag would silently end the episode
+            raise TypeError(f"transition {name} = {flag!r} is not a bool")
+    checked_observation(result.observation, "step")
     return result
 
 
@@ -144,7 +164,8 @@ class Episode:
         self.outcome = 0.0
         self.error: str | None = None
         self.history: list[tuple[str, str]] = []  # (observation, action) pairs so far
-        self.current: Observation = self.game.reset(task)
+        # bad data raises here like a failing reset (the rollout counts it as an environment error)
+        self.current: Observation = checked_observation(self.game.reset(task), "reset")
 
     def act(self, action: str | None) -> StepRecord:
         """Apply one turn. ``action`` None means the model output could not be parsed."""

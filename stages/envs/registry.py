@@ -61,7 +61,12 @@ def make_env(name: str, **kwargs: Any) -> Environment:
         ) from None
     except ValueError:  # no signature to inspect (a builtin): let the call itself decide
         pass
-    env = factory(**kwargs)
+    try:
+        env = factory(**kwargs)
+    except GraftError:
+        raise
+    except Exception as exc:  # the plug-in's own constructor failed
+        raise GraftError(f"env.name '{name}': its constructor raised {type(exc).__name__}: {exc}") from None
     check_environment(env, name)
     return env
 

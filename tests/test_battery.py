@@ -1,0 +1,127 @@
+"""Hostile inputs that used to end in a traceback (issue 28 item 5): each is one clear line, exit 2,
+and a refused start writes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from graft_cli.app import app
+from schemas.errors import GraftError
+from stages.envs.base import Episode
+from stages.envs.registry import make_env
+from tests.test_env_plugin import ENV, examples_on_path  # noqa: F401
+
+CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml")
+
+
+def _one_line(result) -> str:  # type: ignore[no-untyped-def]
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--set", "run.seed=18446744073709551616"],
+            "'run.seed' = 18446744073709551616 is invalid; must be in [0, 2**63 - 1]",
+        ),
+        (["--set", "sft.lr=1e39"], "'sft.lr' = 1e+39 is invalid; must be in (0, 10]"),
+        (["--set", "run.name=\udcff"], "not valid UTF-8 text"),
+        (["--iters", "-2"], "--iters -2: must be >= 0"),
+        (["--set", "env.name=subprocess:run"], "env.name 'subprocess:run': its constructor raised TypeError"),
+    ],
+)
+def test_a_refused_loop_start_is_one_line_and_writes_nothing(tmp_path, args, expected):
+    run = tmp_path / "run"
+    line = _one_line(CliRunner().invoke(app, ["loop", "--config", CONFIG, "--run", str(run), *args]))
+    assert expected in line
+    assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "command", [["play", "household"], ["synth", "{tmp}/s"], ["demos", "household", "-o", "{tmp}/d"]]
+)
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_command_line_seeds_are_checked(tmp_path, command, seed):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    assert f"--seed {seed}: must be in [0, 2**63 - 1]" in _one_line(
+        CliRunner().invoke(app, [*args, "--seed", seed])
+    )
+
+
+class _Wrapped:
+    """A game whose reset/step return what a broken plug-in might."""
+
+    def __init__(self, game, bad_reset=None, bad_step=None):  # type: ignore[no-untyped-def]
+        self.game, self.bad_reset, self.bad_step = game, bad_reset, bad_step
+
+    def reset(self, task):  # type: ignore[no-untyped-def]
+        obs = self.game.reset(task)
+        return self.bad_reset(obs) if self.bad_reset else obs
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        result = self.game.step(action)
+        return self.bad_step(result) if self.bad_step else result
+
+    def expert_action(self):  # type: ignore[no-untyped-def]
+        return self.game.expert_action()
+
+
+def _env(bad_reset=None, bad_step=None):  # type: ignore[no-untyped-def]
+    env = make_env(ENV, max_turns=5, invalid_penalty=-0.1, data="", length=3)
+    new_game = env.new_game
+    env.new_game = lambda: _Wrapped(new_game(), bad_reset, bad_step)
+    return env
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda o: replace(o, admissible=None),
+        lambda o: replace(o, admissible=["go east", 3]),
+        lambda o: replace(o, text=o.text.encode()),
+        lambda o: "not an observation",
+    ],
+)
+def test_bad_reset_data_is_a_clear_error_before_any_turn(examples_on_path, bad):  # noqa: F811
+    env = _env(bad_reset=bad)
+    with pytest.raises(TypeError, match="reset"):
+        Episode(env, env.tasks("train", 1, 0)[0])
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (lambda r: replace(r, terminated="no"), "terminated = 'no' is not a bool"),
+        (
+            lambda r: replace(r, observation=replace(r.observation, admissible=None)),
+            "admissible must be a list",
+        ),
+        (lambda r: replace(r, observation=replace(r.observation, text=b"bytes")), "must be strings"),
+    ],
+)
+def test_bad_step_data_truncates_the_episode_with_the_error_recorded(examples_on_path, bad, message):  # noqa: F811
+    env = _env(bad_step=bad)
+    episode = Episode(env, env.tasks("train", 1, 0)[0])
+    record = episode.act("go east")
+    assert episode.done and record.truncated and not record.terminated
+    assert message in record.error
+
+
+def test_a_plugin_whose_constructor_raises_is_one_error(tmp_path, monkeypatch):
+    (tmp_path / "raising_env.py").write_text(
+        "class Env:\n    def __init__(self, **kw):\n        raise RuntimeError('no data here')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        GraftError, match="env.name 'raising_env:Env': its constructor raised RuntimeError: no data here"
+    ):
+        make_env("raising_env:Env", max_turns=3)
