@@ -8,6 +8,7 @@ the traceback instead.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import warnings
 
@@ -29,7 +30,7 @@ class _GraftGroup(TyperGroup):
         except GraftError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {_printable(str(exc))}", err=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             # Ctrl-C: one line and the shell's code for SIGINT (128 + 2), not click's "Aborted!"
@@ -50,6 +51,15 @@ class _GraftGroup(TyperGroup):
 
 
 _display_type_rich = TyperOption.display_type_rich
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(message: str) -> str:
+    """One line with every control character escaped: a path or key from someone else's run cannot
+    send terminal escape sequences (or break the line) through an error message."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), message)
 
 
 def _option_type_label(self: TyperOption, ctx: click.Context) -> str | None:

@@ -403,6 +403,8 @@ def _within(low: float, high: float, low_open: bool = False) -> Rule:
 
 
 _ANY_NUMBER: Rule = (lambda v: True, "")
+# 0 = greedy; below 1e-3 logits / T overflow float32 (a subnormal T wrote NaN log-probs)
+TEMPERATURE_RULE: Rule = (lambda v: v == 0 or v >= 1e-3, "must be 0 (greedy) or >= 0.001")
 MAX_SEED = 2**63 - 1  # SeedSequence entropy is non-negative; seeds are stored as int64
 SEED_RULE: Rule = (lambda v: 0 <= v <= MAX_SEED, "must be in [0, 2**63 - 1]")
 
@@ -437,7 +439,7 @@ RANGES: dict[str, Rule] = {
     "model.tiny_vocab_tasks": _at_least(0),  # 0 = the environment's default
     "rollout.groups": _at_least(1),
     "rollout.group_size": _at_least(1),
-    "rollout.temperature": _at_least(0),  # 0 = greedy
+    "rollout.temperature": TEMPERATURE_RULE,
     "rollout.max_new_tokens": _at_least(1),
     "rollout.history": _at_least(-1),  # -1 = the whole history
     "rollout.max_prompt_tokens": _at_least(1),
@@ -463,7 +465,7 @@ RANGES: dict[str, Rule] = {
     "update.weight_decay": _at_least(0),
     "update.max_tokens_per_batch": _at_least(1),
     "update.kl_probe_rows": _at_least(0),
-    "eval.temperature": _at_least(0),
+    "eval.temperature": TEMPERATURE_RULE,
     "eval.group_size": _at_least(1),
     "sft.episodes": _at_least(1),
     "sft.noise": _within(0, 1),  # a probability

@@ -59,22 +59,28 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def _table_patterns(view: str) -> list[str]:
+    """Glob patterns of a view's files, relative to the run."""
+    return [f"iter_[0-9]*/{VIEW_FILES[view]}", VIEW_FILES[view]]
+
+
+GLOB_CHARACTERS = re.compile(r"[\[\]*?{}]")
+
+
 def table_globs(root: Path) -> dict[str, list[str]]:
-    """For each view, the glob patterns that match at least one file in the run (others omitted)."""
+    """For each view, the DuckDB glob patterns that match at least one file in the run (others omitted)."""
     found: dict[str, list[str]] = {}
-    for view, pattern in VIEW_FILES.items():
-        patterns = [f"iter_[0-9]*/{pattern}", pattern]
-        hits = [str(root.resolve() / p) for p in patterns if any(f.is_file() for f in root.glob(p))]
+    base = str(root.resolve())
+    for view in VIEW_FILES:
+        hits = [f"{base}/{p}" for p in _table_patterns(view) if any(f.is_file() for f in root.glob(p))]
         if hits:
             found[view] = hits
     return found
 
 
-def _matches(pattern: str) -> list[Path]:
-    """The files an absolute glob pattern of ``table_globs`` matches."""
-    path = Path(pattern)
-    anchor = path.parent.parent if path.parent.name.startswith("iter_") else path.parent
-    return [f for f in anchor.glob(str(path.relative_to(anchor))) if f.is_file()]
+def table_files(root: Path, views: list[str]) -> list[Path]:
+    """Every file the given views read (what ``graft sql`` verifies before DuckDB sees it)."""
+    return sorted({f for v in views for p in _table_patterns(v) for f in root.glob(p) if f.is_file()})
 
 
 def top_level_iteration(root: Path) -> int | None:
@@ -140,7 +146,10 @@ def outside_symlinks(root: Path) -> Iterator[tuple[Path, Path]]:
         for name in dirs + files:
             path = Path(folder) / name
             if path.is_symlink():
-                target = path.resolve()
+                try:
+                    target = path.resolve()
+                except (RuntimeError, OSError):  # a symlink loop: it leads nowhere, so refuse it
+                    raise GraftError(f"{path}: a symlink loop in the run; graft sql refuses it") from None
                 if target != base and base not in target.parents:
                     yield path, target
 
@@ -156,6 +165,13 @@ def connect(
     root = Path(run_dir)
     if not root.is_dir():
         raise GraftError(f"{root}: run directory not found")
+    if GLOB_CHARACTERS.search(str(root.resolve())):
+        # DuckDB reads every file path as a pattern and checks allowed directories on the pattern: a
+        # run at "b*c" would also read "bXc", one at "a[1]" only "a1". Refused rather than misread.
+        raise GraftError(
+            f"{root}: graft sql needs a run path without [ ] * ? {{ }} (DuckDB reads them as a file "
+            "pattern); rename the directory, or copy the run to such a path"
+        )
     for link, target in outside_symlinks(root):
         raise GraftError(f"{link}: symlink to {target}, outside the run; graft sql reads nothing outside it")
     globs = table_globs(root)
@@ -163,7 +179,7 @@ def connect(
         raise GraftError(f"{root}: no graft tables found (expected iter_NNNN/<table>.parquet files)")
     # DuckDB does not check Parquet page CRCs: every file a view can read is verified first (cached by
     # file identity, so a second query reads nothing again)
-    verify_tables(sorted({f for patterns in globs.values() for p in patterns for f in _matches(p)}))
+    verify_tables(table_files(root, list(globs)))
     con = duckdb.connect(":memory:")
     try:
         # before anything else: DuckDB's default temp directory <cwd>/.tmp is an allowed directory

@@ -125,3 +125,56 @@ def test_a_plugin_whose_constructor_raises_is_one_error(tmp_path, monkeypatch):
         GraftError, match="env.name 'raising_env:Env': its constructor raised RuntimeError: no data here"
     ):
         make_env("raising_env:Env", max_turns=3)
+
+
+def _sql_run(root: Path) -> Path:
+    from schemas import write_table
+    from stages.synth import synth_steps
+
+    (root / "iter_0000").mkdir(parents=True)
+    write_table(
+        synth_steps(groups=2, group_size=2, horizon=3, seed=1), "steps", root / "iter_0000" / "steps.parquet"
+    )
+    return root
+
+
+@pytest.mark.parametrize("name", ["a[1]", "b*c", "d?e"])
+def test_sql_refuses_a_run_path_duckdb_would_read_as_a_pattern(tmp_path, name):
+    _sql_run(tmp_path / "a1")  # what "a[1]" would match instead
+    _sql_run(tmp_path / "bXc")  # what "b*c" would read as well
+    root = _sql_run(tmp_path / name)
+    line = _one_line(CliRunner().invoke(app, ["sql", str(root), "SELECT count(*) FROM steps"]))
+    assert "graft sql needs a run path without [ ] * ? { }" in line
+
+
+def test_sql_refuses_a_symlink_loop_in_one_line(tmp_path):
+    root = _sql_run(tmp_path / "run")
+    (root / "a").symlink_to(root / "b")
+    (root / "b").symlink_to(root / "a")
+    assert "a symlink loop in the run" in _one_line(CliRunner().invoke(app, ["sql", str(root), "SELECT 1"]))
+
+
+def test_sql_json_names_non_finite_numbers_instead_of_writing_null(tmp_path):
+    import json
+
+    root = _sql_run(tmp_path / "run")
+    query = "SELECT 'nan'::DOUBLE AS a, 'inf'::DOUBLE AS b, -'inf'::DOUBLE AS c, NULL::DOUBLE AS d, 1.5 AS e"
+    result = CliRunner().invoke(app, ["sql", str(root), query, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == [{"a": "NaN", "b": "Infinity", "c": "-Infinity", "d": None, "e": 1.5}]
+
+
+def test_errors_escape_control_characters(tmp_path):
+    root = tmp_path / "run\x1b[31mred\nnext"
+    result = CliRunner().invoke(app, ["sql", str(root), "SELECT 1"])
+    line = _one_line(result)
+    assert "\x1b" not in result.output and "\\x1b[31mred\\nnext" in line
+
+
+@pytest.mark.parametrize("value", ["1e-310", "1e-5"])
+def test_a_subnormal_temperature_is_refused(tmp_path, value):
+    run = tmp_path / "run"
+    result = CliRunner().invoke(
+        app, ["loop", "--config", CONFIG, "--run", str(run), "--set", f"rollout.temperature={value}"]
+    )
+    assert "must be 0 (greedy) or >= 0.001" in _one_line(result) and not run.exists()

@@ -117,7 +117,7 @@ def sql(
     if fmt == "csv":
         sys.stdout.write(_nested_to_text(result).write_csv())
     elif fmt == "json":
-        sys.stdout.write(result.write_json() + "\n")
+        sys.stdout.write(_json(result.to_dicts()) + "\n")
     else:
         # cells are data, not markup: Text() keeps "[b]" and ":x:" literal; control characters are
         # shown escaped so that no cell can send ESC sequences to the terminal
@@ -151,10 +151,28 @@ def _nested_to_text(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _finite_or_named(value: object) -> object:
+    """JSON has no NaN or infinity: write them as the strings "NaN", "Infinity", "-Infinity" (polars
+    writes NaN as null, which reads back as SQL NULL -- a different value)."""
+    import math
+    from decimal import Decimal
+
+    if isinstance(value, Decimal):  # a SQL DECIMAL literal: a JSON number, as polars wrote it
+        value = float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite_or_named(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_named(v) for v in value]
+    return value
+
+
 def _json(value: object) -> str:
+    """Strict JSON (non-finite floats named, see ``_finite_or_named``; dates and others as text)."""
     import json
 
-    return json.dumps(value)
+    return json.dumps(_finite_or_named(value), allow_nan=False, default=str)
 
 
 def register(app: typer.Typer) -> None:
