@@ -215,7 +215,7 @@ class LogConfig:
     """Live logging of the metrics rows every stage writes (docs/loop.md "Live logging"); off by default."""
 
     tensorboard: bool = False  # TensorBoard event files (needs the [log] extra: tensorboardX)
-    dir: str = ""  # "" = <run>/tensorboard
+    dir: str = ""  # "" = <run>/tensorboard; a relative path is taken from the run directory
 
 
 @dataclass
@@ -355,6 +355,11 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
     """Validate a nested dict into a Config (unknown keys and wrong types are GraftErrors)."""
     config: Config = _build(Config, data, "", source)
     _check_ranges(config, source)
+    if config.model.tiny_hidden % config.model.tiny_heads:
+        raise GraftError(
+            f"{source}: config key 'model.tiny_hidden' = {config.model.tiny_hidden} is invalid; it must be a "
+            f"multiple of model.tiny_heads = {config.model.tiny_heads} (each head gets hidden / heads units)"
+        )
     if config.graph.time_key and config.graph.canonicalize != "exact":
         raise GraftError(
             f"{source}: config key 'graph.time_key' = true needs graph.canonicalize = 'exact' "

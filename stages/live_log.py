@@ -12,7 +12,7 @@ curve in TensorBoard is the same number as in ``graft sql`` / ``graft report``:
 
 The writer is ``tensorboardX`` (pure Python, offline event files; no TensorFlow or ``tensorboard``
 server needed to write them): ``pip install 'graft[log]'``. Event files go to ``log.dir`` (default
-``<run>/tensorboard``); view them with ``tensorboard --logdir runs/NAME/tensorboard``. A resumed run
+``<run>/tensorboard``; a relative one is taken from the run directory); view them with ``tensorboard --logdir runs/NAME/tensorboard``. A resumed run
 opens a new event file in the same directory; TensorBoard merges them. ``logged_iterations.json``
 there records what was logged, so a resumed loop first logs the finished iterations a kill kept from
 their log line.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,28 @@ LEDGER = "logged_iterations.json"  # the iterations whose scalars are in this di
 
 
 def log_dir(run: Run, config: Config) -> Path:
-    return Path(config.log.dir) if config.log.dir else run.root / "tensorboard"
+    """``log.dir``: absolute as given, relative to the run directory (not the shell's cwd, which
+    changes between a start and a resume), or ``<run>/tensorboard`` when empty."""
+    if not config.log.dir:
+        return run.root / "tensorboard"
+    given = Path(config.log.dir).expanduser()
+    return given if given.is_absolute() else run.root / given
+
+
+def check_log_dir(run_root: Path, config: Config) -> None:
+    """Refuse a ``log.dir`` that cannot hold event files before anything is written into the run."""
+    if not config.log.tensorboard:
+        return
+    target = log_dir(Run(run_root), config)
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if target.exists() and not target.is_dir():
+        raise GraftError(f"log.dir = {config.log.dir!r}: {target} exists and is not a directory")
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise GraftError(
+            f"log.dir = {config.log.dir!r}: cannot create or write {target} (no writable {probe})"
+        )
 
 
 def require_backend(config: Config) -> None:

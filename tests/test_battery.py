@@ -178,3 +178,52 @@ def test_a_subnormal_temperature_is_refused(tmp_path, value):
         app, ["loop", "--config", CONFIG, "--run", str(run), "--set", f"rollout.temperature={value}"]
     )
     assert "must be 0 (greedy) or >= 0.001" in _one_line(result) and not run.exists()
+
+
+def test_tiny_hidden_must_divide_into_heads(tmp_path):
+    run = tmp_path / "run"
+    args = [
+        "loop",
+        "--config",
+        CONFIG,
+        "--run",
+        str(run),
+        "--set",
+        "model.tiny_hidden=30",
+        "--set",
+        "model.tiny_heads=4",
+    ]
+    assert "must be a multiple of model.tiny_heads = 4" in _one_line(CliRunner().invoke(app, args))
+    assert not run.exists()
+
+
+def test_a_bad_log_dir_is_refused_before_the_run_exists(tmp_path):
+    pytest.importorskip("tensorboardX")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    run = tmp_path / "run"
+    for value in (str(blocker), str(blocker / "sub")):
+        args = [
+            "loop",
+            "--config",
+            CONFIG,
+            "--run",
+            str(run),
+            "--set",
+            "log.tensorboard=true",
+            "--set",
+            f"log.dir={value}",
+        ]
+        assert "log.dir" in _one_line(CliRunner().invoke(app, args))
+        assert not run.exists()
+
+
+def test_a_relative_log_dir_is_taken_from_the_run_directory(tmp_path, monkeypatch):
+    from schemas.config import load_config
+    from schemas.rundir import Run
+    from stages.live_log import log_dir
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["log.dir=tb"])
+    assert log_dir(Run(tmp_path / "runs" / "r"), config) == tmp_path / "runs" / "r" / "tb"
+    assert log_dir(Run(tmp_path / "r"), load_config(None, ["log.dir=/abs/tb"])) == Path("/abs/tb")

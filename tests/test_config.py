@@ -97,13 +97,13 @@ def test_wrong_types_are_refused(override, expected):
         ("advantage.lam=-0.1", "'advantage.lam' = -0.1 is invalid; must be in"),
         ("graph.tau=0", "'graph.tau' = 0.0 is invalid; must be in"),
         ("rollout.group_size=0", "'rollout.group_size' = 0 is invalid; must be >= 1"),
-        ("run.seed=-1", "'run.seed' = -1 is invalid; must be >= 0"),
+        ("run.seed=-1", "'run.seed' = -1 is invalid; must be in"),
         ("update.lr=-1e-5", "'update.lr' = -1e-05 is invalid; must be >= 0"),
         ("update.epochs=0", "'update.epochs' = 0 is invalid; must be >= 1"),
         ("update.minibatch_size=0", "'update.minibatch_size' = 0 is invalid; must be >= 1"),
         ("update.beta=-0.01", "'update.beta' = -0.01 is invalid; must be >= 0"),
-        ("rollout.temperature=-1", "'rollout.temperature' = -1.0 is invalid; must be >= 0"),
-        ("eval.temperature=-0.5", "'eval.temperature' = -0.5 is invalid; must be >= 0"),
+        ("rollout.temperature=-1", "'rollout.temperature' = -1.0 is invalid; must be 0"),
+        ("eval.temperature=-0.5", "'eval.temperature' = -0.5 is invalid; must be 0"),
         ("advantage.gigpo_gamma=1.01", "'advantage.gigpo_gamma' = 1.01 is invalid; must be in"),
         ("advantage.graphgpo_w=0", "'advantage.graphgpo_w' = 0.0 is invalid; must be in"),
         ("rollout.max_prompt_tokens=0", "'rollout.max_prompt_tokens' = 0 is invalid; must be >= 1"),
@@ -170,7 +170,7 @@ def test_every_number_has_a_range_rule():
 @given(key=st.sampled_from(sorted(RANGES)), value=st.floats(allow_nan=False, allow_infinity=False))
 def test_range_rules_accept_exactly_what_they_describe(key, value):
     """Property: a value the rule accepts loads; one it refuses raises a GraftError naming the key."""
-    if key == "run.name":
+    if key in ("run.name", "model.tiny_hidden", "model.tiny_heads"):  # the latter two: a cross-key rule too
         return
     ok, _ = RANGES[key]
     default = dataclasses.asdict(Config())

@@ -24,7 +24,7 @@ def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]
         config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
     else:
         config = load_config(config_path, overrides)
-    from stages.live_log import require_backend
+    from stages.live_log import check_log_dir, require_backend
     from stages.preflight import check_startable
 
     # refuse what cannot start (model directory, vLLM, CUDA, environment data, a missing optional
@@ -32,6 +32,7 @@ def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]
     require_backend(config)
     check_startable(config)
     root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
+    check_log_dir(root, config)
     return root, config
 
 
