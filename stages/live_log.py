@@ -11,7 +11,7 @@ curve in TensorBoard is the same number as in ``graft sql`` / ``graft report``:
   evaluation of its checkpoint at i + 1 (the policy it produced), the initial evaluation at 0.
 
 The writer is ``tensorboardX`` (pure Python, offline event files; no TensorFlow or ``tensorboard``
-server needed to write them): ``pip install 'graft[log]'``. Event files go to ``log.dir`` (default
+server needed to write them): ``pip install -e '.[log]'`` in the graft checkout. Event files go to ``log.dir`` (default
 ``<run>/tensorboard``; a relative one is taken from the run directory); view them with ``tensorboard --logdir runs/NAME/tensorboard``. A resumed run
 opens a new event file in the same directory; TensorBoard merges them. ``logged_iterations.json``
 there records what was logged, so a resumed loop first logs the finished iterations a kill kept from
@@ -69,7 +69,7 @@ def require_backend(config: Config) -> None:
         import tensorboardX  # noqa: F401
     except ImportError:
         raise GraftError(
-            "log.tensorboard = true needs the tensorboardX package: pip install 'graft[log]' "
+            "log.tensorboard = true needs the tensorboardX package: pip install -e '.[log]' in the graft checkout "
             "(or set log.tensorboard = false)"
         ) from None
 
@@ -111,7 +111,10 @@ class TensorBoardLogger:
 
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        self._writer: Any = SummaryWriter(logdir=str(directory))
+        # a unique suffix: two writers opened within one second (a quick resume) would otherwise share
+        # the timestamped file name, and the second would overwrite the first's scalars
+        suffix = f".{os.getpid()}.{os.urandom(4).hex()}"
+        self._writer: Any = SummaryWriter(logdir=str(directory), filename_suffix=suffix)
         self.logged = self._read_ledger()
 
     def _read_ledger(self) -> set[int]:

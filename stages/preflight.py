@@ -27,7 +27,7 @@ def check_startable(config: Config) -> None:
             ) from None
     if config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise GraftError(
-            "rollout.engine = 'vllm' but vllm is not installed (pip install 'graft[vllm]' on a GPU machine; "
+            "rollout.engine = 'vllm' but vllm is not installed (pip install -e '.[vllm]' in the graft checkout on a GPU machine; "
             "on CPU use rollout.engine = 'hf', e.g. a preset in configs/cpu/)"
         )
     resolve_device(config.run.device)

@@ -227,3 +227,20 @@ def test_a_relative_log_dir_is_taken_from_the_run_directory(tmp_path, monkeypatc
     config = load_config(None, ["log.dir=tb"])
     assert log_dir(Run(tmp_path / "runs" / "r"), config) == tmp_path / "runs" / "r" / "tb"
     assert log_dir(Run(tmp_path / "r"), load_config(None, ["log.dir=/abs/tb"])) == Path("/abs/tb")
+
+
+def test_solve_without_a_graph_says_what_to_run_first(tmp_path):
+    from schemas.config import Config
+    from schemas.rundir import create_run
+
+    (tmp_path / "empty").mkdir()
+    line = _one_line(CliRunner().invoke(app, ["solve", str(tmp_path / "empty")]))
+    assert "run graft graph STEPS.parquet -o" in line
+    run = create_run(tmp_path / "run", Config())
+    line = _one_line(CliRunner().invoke(app, ["solve", str(run.root), "--iter", "0"]))
+    assert f"run graft graph {run.root} --iter 0 first" in line
+
+
+def test_repeatable_options_show_their_item_type():
+    result = CliRunner().invoke(app, ["solve", "--help"])
+    assert "--set <str>" in result.output and "list[str]" not in result.output

@@ -162,7 +162,7 @@ def test_missing_tensorboardx_refuses_the_start_before_the_run_exists(tmp_path: 
 
     config = Config()
     config.log.tensorboard = True
-    with pytest.raises(GraftError, match=r"pip install 'graft\[log\]'"):
+    with pytest.raises(GraftError, match=r"pip install -e '\.\[log\]' in the graft checkout"):
         require_backend(config)
     run_dir = tmp_path / "never"
     args = ["loop", "--config", str(CONFIGS / "quickstart.toml"), "--run", str(run_dir)]

@@ -186,6 +186,11 @@ def solve(
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "solve")
         with run_lock(run.root):  # type: ignore[union-attr]
+            if not run.stage_complete("graph", iteration):  # type: ignore[arg-type]
+                raise GraftError(
+                    f"solve: iteration {iteration} of {target} has no graph yet; run graft graph {target} "
+                    f"--iter {iteration} first"
+                )
             _guard(run, "solve", iteration, force, yes)  # type: ignore[arg-type]
             run_solve(run, iteration, config)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
@@ -195,6 +200,11 @@ def solve(
                 f"solve: {target} is not a directory (give the graph's output directory or a run)"
             )
         folder = target
+        missing = [n for n in ("nodes.parquet", "edges.parquet") if not (folder / n).is_file()]
+        if missing:
+            raise GraftError(
+                f"solve: {folder} has no {' or '.join(missing)}; run graft graph STEPS.parquet -o {folder} first"
+            )
         config = _file_config(config_path, overrides)
         solve_files(folder, config)
         inputs = _read_inputs(folder)

@@ -111,7 +111,9 @@ def _load(root: str, stamp: tuple[float, float]) -> SearchData:
     try:
         import bm25s
     except ImportError:
-        raise GraftError("the search environment needs bm25s: pip install 'graft[envs]'") from None
+        raise GraftError(
+            "the search environment needs bm25s: pip install -e '.[envs]' in the graft checkout"
+        ) from None
     base = Path(root)
     questions = _read_jsonl(base / "questions.jsonl", QUESTION_KEYS)
     passages = _read_jsonl(base / "corpus.jsonl", CORPUS_KEYS)

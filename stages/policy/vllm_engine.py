@@ -63,7 +63,7 @@ def _import_vllm() -> Any:
         import vllm
     except ImportError:
         raise GraftError(
-            "rollout.engine = 'vllm' but vllm is not installed (pip install 'graft[vllm]' on a GPU machine)"
+            "rollout.engine = 'vllm' but vllm is not installed (pip install -e '.[vllm]' in the graft checkout on a GPU machine)"
         ) from None
     return vllm
 
