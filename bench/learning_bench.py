@@ -122,13 +122,23 @@ def run_variant(
 
 
 def run_job(
-    config: Path, out: Path, variants: list[str], iters: int, extra: list[str], seed: int, variant: str
+    config: Path,
+    out: Path,
+    variants: list[str],
+    iters: int,
+    extra: list[str],
+    seed: int,
+    variant: str,
+    warm_from: Path | None = None,
 ) -> float:
-    """One (seed, variant) run in a worker process (one torch thread); returns its seconds."""
+    """One (seed, variant) run in a worker process (one torch thread); returns its seconds.
+    ``warm_from``: a folder with ``warm-s<seed>`` warm starts computed beforehand (copied first)."""
     import torch
 
     torch.set_num_threads(1)
     donors = [out / f"{v}-s{seed}" for v in variants if v != variant]
+    if warm_from is not None:
+        donors.insert(0, warm_from / f"warm-s{seed}")
     return run_variant(config, out, variant, seed, iters, extra, donors)[1]
 
 
@@ -556,6 +566,11 @@ def main() -> None:
         "--workers", type=int, default=1, help="runs in parallel (one process and one torch thread each)"
     )
     parser.add_argument(
+        "--warm-from",
+        default=None,
+        help="folder of warm starts computed beforehand (warm-s<seed>/model, sft), copied into the runs",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="run nothing: tabulate the runs under --out that finished all --iters iterations, list the rest",
@@ -576,7 +591,15 @@ def main() -> None:
             else:
                 unfinished.append(f"{variant}-s{seed} ({finished_iterations(run_dir)} of {args.iters})")
     else:
-        job = functools.partial(run_job, Path(args.config), out, args.variants, args.iters, args.extra)
+        job = functools.partial(
+            run_job,
+            Path(args.config),
+            out,
+            args.variants,
+            args.iters,
+            args.extra,
+            warm_from=Path(args.warm_from) if args.warm_from else None,
+        )
         for (seed, variant), took in run_jobs(jobs, job, args.workers):
             print(f"{variant} seed {seed}: {took:.0f} s", flush=True)
         for seed, variant in jobs:
