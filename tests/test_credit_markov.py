@@ -276,3 +276,24 @@ def test_variant_settings_are_validated():
         load_config(None, ["graph.time_key=true", "graph.canonicalize=similarity"])
     defaults = load_config(None)
     assert defaults.solve.step_rewards == "step" and defaults.advantage.gae_horizon == "markov"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_interning_sets_across_depths_changes_no_credit(monkeypatch, seed):
+    """The Markov tail identifies a set met again at a later depth with its first sighting (cycles
+    close); from depth 1 or never, the tails are the same numbers."""
+    import stages.advantage.graft as graft_module
+    from stages.advantage.graft import markov_graph_gae, node_values, td_residuals
+    from stages.solve import index_graph
+
+    knobs = dict(width=5, merge=0.6, cycles=0.4, invalid_rate=0.2, truncation=0.3, end_rate=0.05)
+    steps = synth_steps(groups=6, group_size=8, horizon=25, seed=seed, **knobs)
+    nodes, edges = build_graph(steps)
+    index = index_graph(nodes, edges)
+    td = td_residuals(index, node_values(index, solve_values(nodes, edges, gamma=0.99)), 0.99)
+    out = {}
+    for start in (1, 10**9):
+        monkeypatch.setattr(graft_module, "_INTERN_FROM_DEPTH", start)
+        out[start] = markov_graph_gae(index, td, 0.99, 0.95)
+    np.testing.assert_allclose(out[1], out[10**9], atol=1e-12, rtol=0)
+    assert np.abs(out[1] - td).max() > 1e-3  # the case walks non-trivial tails
