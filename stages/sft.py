@@ -244,7 +244,8 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     chat = prompt_format(model, tokenizer, config.model.prompt_format) == "chat"
     examples, cut = sft_examples(demos, tokenizer, chat, config.rollout.max_prompt_tokens)
     pad_id = tokenizer.pad_token_id
-    losses = _train_phase(model, examples, pad_id, config, sft.epochs, "sft")
+    phases = 1 + sft.dagger_rounds  # the bar's label says where the warm start is: its eta is per phase
+    losses = _train_phase(model, examples, pad_id, config, sft.epochs, f"sft phase 1/{phases}: demos")
     update_tables = [sft_update_table(losses, -(-len(examples) // sft.batch_size))]
     summary: dict[str, float] = {}
     for round_index in range(1, sft.dagger_rounds + 1):
@@ -256,7 +257,7 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
             pad_id,
             config,
             sft.dagger_epochs,
-            f"sft dagger {round_index}",
+            f"sft phase {round_index + 1}/{phases}: dagger round {round_index}",
             "dagger",
             round_index,
         )

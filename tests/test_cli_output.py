@@ -107,3 +107,14 @@ def test_a_start_that_cannot_run_writes_nothing(tmp_path: Path, overrides: list[
         app, ["loop", "--config", str(CONFIGS / "quickstart.toml"), "--run", str(run_dir), "--iters", "0"]
     )
     assert fixed.exit_code == 0, fixed.output
+
+
+def test_run_eta_and_its_format():
+    # issue 28 item 6: no whole-run ETA in the loop's lines
+    from graft_cli.commands.loop import RunEta, format_eta
+
+    assert format_eta(12.4) == "12s" and format_eta(245) == "4m05s" and format_eta(3725) == "1h02m"
+    eta = RunEta(target=5)
+    eta.started -= 10.0  # one iteration took 10 s
+    assert eta.after(0) == format_eta(40.0)  # four left
+    assert eta.after(4) == ""  # the last one

@@ -109,7 +109,36 @@ def resolve_eval_target(
     return -1, model_dir, name, run.root / f"eval_{name}.parquet"
 
 
-def _print_iteration(console, run: Run, result, config: Config) -> None:  # type: ignore[no-untyped-def]
+def format_eta(seconds: float) -> str:
+    """``1h02m``, ``4m05s``, ``12s``."""
+    seconds = max(0, round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+class RunEta:
+    """The whole run's remaining time: the mean wall seconds of the iterations this process ran, times
+    the iterations left to the target."""
+
+    def __init__(self, target: int) -> None:
+        import time
+
+        self.target, self.started, self.done = target, time.monotonic(), 0
+
+    def after(self, iteration: int) -> str:
+        import time
+
+        self.done += 1
+        left = self.target - 1 - iteration
+        if left <= 0:
+            return ""
+        return format_eta((time.monotonic() - self.started) / self.done * left)
+
+
+def _print_iteration(console, run: Run, result, config: Config, eta: str = "") -> None:  # type: ignore[no-untyped-def]
     from stages.loop import iteration_summary
 
     summary = iteration_summary(run, result.iteration, config)
@@ -128,9 +157,16 @@ def _print_iteration(console, run: Run, result, config: Config) -> None:  # type
     parts.append(f"success {summary.get('success_rate', float('nan')):.3f}")
     parts.append(f"return {summary.get('mean_return', float('nan')):7.3f}")
     parts.append(f"turns {summary.get('mean_turns', float('nan')):5.2f}")
+    if config.rollout.mode == "generate" and "invalid_rate" in summary:
+        parts.append(f"invalid {summary['invalid_rate']:.3f}")
+    score = summary.get("mean_score")
+    if score is not None and abs(score - summary.get("success_rate", score)) > 1e-9:  # partial credit
+        parts.append(f"score {score:.3f}")
     if "eval_success_rate" in summary:
         parts.append(f"[cyan]eval {summary['eval_success_rate']:.3f}[/cyan]")
     parts.append(f"[dim]| {times}[/dim]")
+    if eta:
+        parts.append(f"[dim]eta {eta}[/dim]")
     console.print("  ".join(parts), highlight=False, soft_wrap=True)
 
 
@@ -196,7 +232,9 @@ def register(app: typer.Typer) -> None:
                     f"invalid noise {cfg.sft.invalid_noise:g}), "
                     f"{cfg.sft.epochs} epochs of behaviour cloning"
                     + (
-                        f", {cfg.sft.dagger_rounds} DAgger rounds of {cfg.sft.dagger_episodes} episodes"
+                        f", {cfg.sft.dagger_rounds} DAgger rounds of {cfg.sft.dagger_episodes} episodes "
+                        f"(each played, then {cfg.sft.dagger_epochs} epochs over all examples: "
+                        f"{1 + cfg.sft.dagger_rounds} training phases, a progress bar each)"
                         if cfg.sft.dagger_rounds
                         else ""
                     )
@@ -204,11 +242,12 @@ def register(app: typer.Typer) -> None:
                     highlight=False,
                     soft_wrap=True,
                 )
+            eta = RunEta(target)
             results = run_loop(
                 run,
                 cfg,
                 target,
-                on_iteration=lambda r: _print_iteration(console, run, r, cfg),
+                on_iteration=lambda r: _print_iteration(console, run, r, cfg, eta.after(r.iteration)),
                 on_initial_eval=lambda seconds: _print_initial_eval(console, run, seconds),
             )
             if not results:
