@@ -44,12 +44,12 @@ STAGES = ("rollout", "graph", "solve", "advantage", "update")
 # Other files a stage writes into iter_NNNN/ (removed with its outputs when an earlier stage is
 # recomputed; the reference log-prob cache of the update is checked against row keys only).
 DERIVED_FILES: dict[str, tuple[str, ...]] = {
-    "rollout": ("metrics_rollout.parquet",),
-    "graph": ("metrics_graph.parquet",),
-    "solve": ("metrics_solve.parquet",),
-    "advantage": ("metrics_advantage.parquet",),
-    "update": ("metrics_update.parquet", "reflogprobs.parquet"),
-    "eval": (),
+    "rollout": ("metrics_rollout.parquet", "overrides_rollout.json"),
+    "graph": ("metrics_graph.parquet", "overrides_graph.json"),
+    "solve": ("metrics_solve.parquet", "overrides_solve.json"),
+    "advantage": ("metrics_advantage.parquet", "overrides_advantage.json"),
+    "update": ("metrics_update.parquet", "reflogprobs.parquet", "overrides_update.json"),
+    "eval": ("overrides_eval.json",),
 }
 # the loop's done-marker, its seconds sidecar and the finished iteration's manifest (removed together)
 LOOP_FILES = ("metrics_loop.parquet", ".loop_seconds.json", "manifest.json")
@@ -309,6 +309,17 @@ def manifest_damage(folder: Path, known_intact: Callable[[Path], bool] = lambda 
             if hashlib.file_digest(fh, "sha256").hexdigest() != entry.get("sha256"):
                 return f"{path}: checksum differs from the finished iteration's manifest (changed or damaged)"
     return None
+
+
+def record_overrides(run: Run, iteration: int, stage: str, overrides: list[str] | tuple[str, ...]) -> None:
+    """What a stage command ran with beyond config.toml: ``iter_NNNN/overrides_<stage>.json`` (the
+    ``--set`` items, in order), so a run whose iteration 7 ran another estimator says so; none: no file."""
+    path = run.iter_dir(iteration) / f"overrides_{stage}.json"
+    if overrides:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"stage": stage, "set": list(overrides)}, indent=2))
+    else:
+        path.unlink(missing_ok=True)
 
 
 ACTING_STAGES = ("rollout", "update")  # stages that act with (or train) the previous checkpoint's policy

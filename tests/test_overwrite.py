@@ -202,3 +202,25 @@ def test_force_that_would_remove_later_iterations_asks_first(tmp_path: Path) -> 
     done = runner.invoke(app, ["graph", str(run.root), "--iter", "1", "--force", "--yes"])
     assert done.exit_code == 0, done.output
     assert "iteration 2 with their checkpoints" in done.output and run.iterations() == [0, 1]
+
+
+def test_stage_command_overrides_are_recorded_in_the_iteration(tmp_path: Path) -> None:
+    # issue 28 item 6: iteration 7 ran grpo through --set, and nothing in the run said so
+    import json
+
+    from schemas.config import Config
+    from schemas.rundir import create_run
+    from stages.synth import synth_steps
+
+    run = create_run(tmp_path / "r", Config())
+    run.write(0, "steps", synth_steps(groups=2, group_size=3, horizon=4, seed=1))
+    runner = CliRunner()
+    done = runner.invoke(app, ["advantage", str(run.root), "--iter", "0", "--set", "advantage.estimator=grpo"])
+    assert done.exit_code == 0, done.output
+    recorded = json.loads((run.iter_dir(0) / "overrides_advantage.json").read_text())
+    assert recorded == {"stage": "advantage", "set": ["advantage.estimator=grpo"]}
+    # the missing graph and values were computed by the same command, with the same --set
+    assert json.loads((run.iter_dir(0) / "overrides_graph.json").read_text())["set"] == recorded["set"]
+    again = runner.invoke(app, ["advantage", str(run.root), "--iter", "0", "--force"])
+    assert again.exit_code == 0, again.output
+    assert not (run.iter_dir(0) / "overrides_advantage.json").exists()  # recomputed as config.toml says

@@ -53,6 +53,12 @@ def _is_run(target: Path) -> bool:
     return target.is_dir() and (target / "config.toml").is_file()
 
 
+def record_overrides(run, iteration: int, stage: str, overrides: list[str]) -> None:  # type: ignore[no-untyped-def]
+    from schemas.rundir import record_overrides as record
+
+    record(run, iteration, stage, overrides)
+
+
 def _guard(run, stage: str, iteration: int, force: bool, yes: bool) -> None:  # type: ignore[no-untyped-def]
     """Refuse to recompute a finished stage unless --force (which removes what depends on it, asking
     first when that includes later iterations)."""
@@ -161,6 +167,7 @@ def graph(
         with run_lock(run.root):  # type: ignore[union-attr]
             _guard(run, "graph", iteration, force, yes)  # type: ignore[arg-type]
             run_graph(run, iteration, config)  # type: ignore[arg-type]
+            record_overrides(run, iteration, "graph", overrides)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
         steps = _steps_file(target, "graph")
@@ -193,6 +200,7 @@ def solve(
                 )
             _guard(run, "solve", iteration, force, yes)  # type: ignore[arg-type]
             run_solve(run, iteration, config)  # type: ignore[arg-type]
+            record_overrides(run, iteration, "solve", overrides)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]
     else:
         if not target.is_dir():
@@ -253,9 +261,12 @@ def advantage(
             _guard(run, "graph" if redo_graph else "solve" if redo_solve else "advantage", it, force, yes)
             if redo_graph:
                 run_graph(run, it, config)
+                record_overrides(run, it, "graph", overrides)
             if redo_solve:
                 run_solve(run, it, config)
+                record_overrides(run, it, "solve", overrides)
             run_advantage(run, it, config)
+            record_overrides(run, it, "advantage", overrides)
         folder = run.iter_dir(it)
     else:
         steps = _steps_file(target, "advantage")

@@ -133,6 +133,10 @@ def rollout(
                 if removed:
                     typer.echo(removed)
             path = run_rollout(run, iteration, config, shard=parts, progress=progress)
+            if parts is None:
+                from schemas.rundir import record_overrides
+
+                record_overrides(run, iteration, "rollout", overrides)
         typer.echo(f"wrote {path}")
         return
     if out is None:

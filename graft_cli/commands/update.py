@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
             if removed:
                 typer.echo(removed)
             run_update(run, iteration, config)
+            from schemas.rundir import record_overrides
+
+            record_overrides(run, iteration, "update", overrides)
         summary = run.read(iteration, "update").filter(pl.col("epoch") == -1)
         values = dict(zip(summary["name"].to_list(), summary["value"].to_list(), strict=True))
         shown = ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "rows", "steps", "seconds")
