@@ -66,6 +66,8 @@ VARIANTS: dict[str, list[str]] = {
         "solve.step_rewards=values",
         "advantage.gae_horizon=literal",
     ],
+    # the control: the same rollouts (task draws, sampling seeds) with no policy change at all
+    "frozen": ["advantage.estimator=grpo", "update.lr=0"],
     # guards for groups without signal (beyond the paper; docs/credit.md)
     "graft-flat": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.flat_groups=zero"],
     "graft-floor": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.node_std_floor=0.1"],
@@ -268,17 +270,29 @@ def verdict(curves: dict[str, np.ndarray]) -> str:
 
 def improvement_table(curves: dict[str, np.ndarray]) -> str:
     """Markdown: does RL improve the warm start? Per variant, the share of runs whose mean training
-    success over the last 5 iterations is above its iteration 0, and the mean change."""
-    lines = [
-        "| variant | runs with last-5 mean > iteration 0 | mean of (last 5 − iteration 0) ± s.e. |",
-        "|---|---|---|",
-    ]
+    success over the last 5 iterations is above its iteration 0, and the mean change; with a
+    ``frozen`` control (same seeds, no update), also the last-5 difference to it, paired by seed (every
+    variant of a seed draws the same tasks in the same iteration, so this removes the task draw)."""
+    control = curves.get("frozen")
+    head = "| variant | runs with last-5 mean > iteration 0 | mean of (last 5 − iteration 0) ± s.e. |"
+    rule = "|---|---|---|"
+    if control is not None:
+        head += " last 5 − frozen's last 5, paired ± s.e. | runs above frozen |"
+        rule += "---|---|"
+    lines = [head, rule]
+
+    def mean_se(x: np.ndarray) -> str:
+        se = x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else 0.0
+        return f"{x.mean():+.3f} ± {se:.3f}"
+
     for variant, c in curves.items():
         delta = c[:, -5:].mean(axis=1) - c[:, 0]
-        se = delta.std(ddof=1) / np.sqrt(len(delta)) if len(delta) > 1 else 0.0
-        lines.append(
-            f"| {variant} | {int((delta > 0).sum())} of {len(delta)} | {delta.mean():+.3f} ± {se:.3f} |"
-        )
+        row = f"| {variant} | {int((delta > 0).sum())} of {len(delta)} | {mean_se(delta)} |"
+        if control is not None:
+            n = min(len(c), len(control))
+            paired = c[:n, -5:].mean(axis=1) - control[:n, -5:].mean(axis=1)
+            row += f" {mean_se(paired)} | {int((paired > 0).sum())} of {n} |"
+        lines.append(row)
     return "\n".join(lines)
 
 
