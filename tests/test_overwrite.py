@@ -215,7 +215,9 @@ def test_stage_command_overrides_are_recorded_in_the_iteration(tmp_path: Path) -
     run = create_run(tmp_path / "r", Config())
     run.write(0, "steps", synth_steps(groups=2, group_size=3, horizon=4, seed=1))
     runner = CliRunner()
-    done = runner.invoke(app, ["advantage", str(run.root), "--iter", "0", "--set", "advantage.estimator=grpo"])
+    done = runner.invoke(
+        app, ["advantage", str(run.root), "--iter", "0", "--set", "advantage.estimator=grpo"]
+    )
     assert done.exit_code == 0, done.output
     recorded = json.loads((run.iter_dir(0) / "overrides_advantage.json").read_text())
     assert recorded == {"stage": "advantage", "set": ["advantage.estimator=grpo"]}

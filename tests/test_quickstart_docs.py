@@ -1,0 +1,48 @@
+"""docs/quickstart and the README's quickstart lines come from the config as it resolves today
+(issue 28 item 6: the README's numbers did not reproduce and the report was a temporary run's)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from quickstart_docs import DOCS, config_digest  # noqa: E402
+
+
+def _provenance() -> dict:
+    return json.loads((DOCS / "provenance.json").read_text())
+
+
+def test_the_docs_were_made_with_the_config_as_it_resolves_now():
+    provenance = _provenance()
+    assert provenance["config_sha256"] == config_digest(), (
+        "configs/quickstart.toml (or a default it resolves to) changed since docs/quickstart was made: "
+        "run graft loop --config configs/quickstart.toml, then python bench/quickstart_docs.py"
+    )
+    assert (DOCS / "curves.png").is_file() and "Runs: `runs/quickstart`" in (DOCS / "report.md").read_text()
+
+
+def test_the_readme_quotes_the_recorded_numbers():
+    p = _provenance()
+    readme = (ROOT / "README.md").read_text()
+    first, last = p["training_success_first"], p["training_success_last"]
+    assert f"training success {first:.2f} → {last:.2f}" in readme
+    assert f"goes from {first:.2f} to {last:.2f}" in readme
+    assert f"from {p['eval_success_initial']:.2f} to {p['eval_success_last']:.2f}" in readme
+
+
+def test_the_digest_covers_every_resolved_key(tmp_path):
+    import hashlib
+
+    from schemas.config import load_config
+
+    text = load_config(ROOT / "configs" / "quickstart.toml").to_toml()
+    assert "step_rewards = " in text and "gae_horizon = " in text  # defaults the file does not name
+    assert config_digest() == hashlib.sha256(text.encode()).hexdigest()
+    changed = tmp_path / "q.toml"
+    changed.write_text((ROOT / "configs" / "quickstart.toml").read_text() + '\n[log]\ndir = "x"\n')
+    assert config_digest(changed) != config_digest()
