@@ -145,7 +145,10 @@ def run_job(
 
 
 def run_jobs(
-    jobs: list[tuple[int, str]], job: Callable[[int, str], float], workers: int
+    jobs: list[tuple[int, str]],
+    job: Callable[[int, str], float],
+    workers: int,
+    warm_seeds: set[int] | None = None,
 ) -> Iterator[tuple[tuple[int, str], float]]:
     """Run ``job(seed, variant)`` for every job, ``workers`` at a time, in the given order except
     that a job never starts while another worker computes its seed's warm start (it would compute
@@ -158,7 +161,7 @@ def run_jobs(
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    pending, warm, warming = list(jobs), set(), set()
+    pending, warm, warming = list(jobs), set(warm_seeds or ()), set()
     running: dict = {}
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         while pending or running:
@@ -614,7 +617,16 @@ def main() -> None:
             args.extra,
             warm_from=Path(args.warm_from) if args.warm_from else None,
         )
-        for (seed, variant), took in run_jobs(jobs, job, args.workers):
+        ready = set()
+        if args.warm_from:  # seeds whose warm start is already there need no first run to make it
+            from schemas.rundir import checkpoint_complete
+
+            ready = {
+                s
+                for s in args.seeds
+                if checkpoint_complete(Path(args.warm_from) / f"warm-s{s}" / "sft" / "model")
+            }
+        for (seed, variant), took in run_jobs(jobs, job, args.workers, ready):
             print(f"{variant} seed {seed}: {took:.0f} s", flush=True)
         for seed, variant in jobs:
             runs[variant].append(out / f"{variant}-s{seed}")
