@@ -118,3 +118,34 @@ def test_run_eta_and_its_format():
     eta.started -= 10.0  # one iteration took 10 s
     assert eta.after(0) == format_eta(40.0)  # four left
     assert eta.after(4) == ""  # the last one
+
+
+def test_stage_commands_say_what_they_computed(tmp_path):
+    # issue 28 item 6: stage commands printed only "wrote ..."
+    from typer.testing import CliRunner
+
+    from graft_cli.app import app
+    from schemas import write_table
+    from stages.synth import synth_steps
+
+    steps = tmp_path / "steps.parquet"
+    write_table(synth_steps(groups=2, group_size=3, horizon=4, seed=1), "steps", steps)
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["graph", str(steps), "-o", str(out)])
+    assert result.exit_code == 0 and "graph: groups=2, nodes=" in result.output
+    result = CliRunner().invoke(app, ["solve", str(out)])
+    assert result.exit_code == 0 and "solve: sweeps_max=" in result.output and "residual_max=" in result.output
+    result = CliRunner().invoke(app, ["advantage", str(steps), "-o", str(out)])
+    assert result.exit_code == 0 and "advantage: advantage_mean=" in result.output
+
+
+def test_a_hub_id_says_how_to_download(tmp_path):
+    import pytest
+
+    from schemas.errors import GraftError
+    from stages.policy.models import check_model_dir
+
+    with pytest.raises(GraftError, match=r"Hub id.*huggingface-cli download Qwen/Qwen2.5-1.5B-Instruct --local-dir"):
+        check_model_dir("Qwen/Qwen2.5-1.5B-Instruct")
+    with pytest.raises(GraftError, match="model directory not found"):
+        check_model_dir(tmp_path / "missing")

@@ -53,6 +53,18 @@ def _is_run(target: Path) -> bool:
     return target.is_dir() and (target / "config.toml").is_file()
 
 
+def _summary(folder: Path, stage: str, names: tuple[str, ...]) -> str:
+    """``<stage>: name=value, ...`` from the metrics rows the stage just wrote (over all task types)."""
+    import polars as pl
+
+    from schemas import read_table
+
+    rows = read_table(folder / f"metrics_{stage}.parquet", "metrics").filter(pl.col("task_type").is_null())
+    values = dict(zip(rows["name"].to_list(), rows["value"].to_list(), strict=True))
+    shown = [f"{n}={values[n]:.4g}" for n in names if n in values]
+    return f"{stage}: " + ", ".join(shown) + (f" ({values['seconds']:.2f} s)" if "seconds" in values else "")
+
+
 def record_overrides(run, iteration: int, stage: str, overrides: list[str]) -> None:  # type: ignore[no-untyped-def]
     from schemas.rundir import record_overrides as record
 
@@ -175,6 +187,7 @@ def graph(
         config = _file_config(config_path, overrides)
         graph_files(steps, folder, config, require_stamp=False)
         _write_inputs(folder, {"graph": _graph_inputs(steps, config)})  # any old values are stale now
+    typer.echo(_summary(folder, "graph", ("groups", "nodes", "edges", "mean_node_group_size")))
     typer.echo(f"wrote {folder / 'nodes.parquet'}, {folder / 'edges.parquet'}")
 
 
@@ -218,6 +231,9 @@ def solve(
         inputs = _read_inputs(folder)
         if "graph" in inputs:
             _write_inputs(folder, {"graph": inputs["graph"], "solve": _solve_inputs(config)})
+    typer.echo(
+        _summary(folder, "solve", ("sweeps_max", "residual_max", "propagation_mean", "share_nodes_no_end"))
+    )
     typer.echo(f"wrote {folder / 'values.parquet'}")
 
 
@@ -285,4 +301,11 @@ def advantage(
             solve_files(folder, config, steps_path=steps, held=held)
             _write_inputs(folder, {"graph": graph_inputs, "solve": _solve_inputs(config)})
         advantage_files(steps, folder, config, require_stamp=False, held=held)
+    typer.echo(
+        _summary(
+            folder,
+            "advantage",
+            ("advantage_mean", "advantage_std", "advantage_abs_mean", "norm_group_size_mean"),
+        )
+    )
     typer.echo(f"wrote {folder / 'advantages.parquet'}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,16 @@ from schemas.errors import GraftError
 
 def check_model_dir(path: str | Path) -> Path:
     """Refuse, with one line, a path that is not a local HF model directory with safetensors weights."""
+    text = str(path)
     path = Path(path)
     if not path.is_dir():
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", text) and not text.startswith("."):
+            # a Hugging Face Hub id: graft never downloads at run time
+            raise GraftError(
+                f"{text}: looks like a Hugging Face Hub id, and graft loads only local directories; "
+                f"download it once where there is internet (huggingface-cli download {text} --local-dir "
+                f"models/{text.split('/')[-1]}) and set model.path to that directory"
+            )
         raise GraftError(f"{path}: model directory not found")
     if not (path / "config.json").is_file():
         raise GraftError(f"{path}: not a Hugging Face model directory (no config.json)")
