@@ -116,11 +116,14 @@ def test_state_key_tells_apart_states_with_the_same_text(env, task, game_file):
     assert "inv: old key" in after.state_key
 
 
-def test_generation_and_play_are_deterministic(env, task, game_file, tmp_path):
+def test_generation_and_play_are_deterministic(env, task, game_file, tmp_path, capsys):
     other = make_env("textworld", cache_dir=str(tmp_path))
     twin = other.tasks("train", 1, seed=0)[0]
     assert twin == task and twin.spec == task.spec
+    capsys.readouterr()
     first_a, first_b = env.new_game().reset(task), other.new_game().reset(twin)  # regenerates in tmp_path
+    # a generation is announced (it takes seconds; issue 28: minutes of silence), a cache hit is not
+    assert capsys.readouterr().err.count("textworld: generating") == 1
     assert first_a == first_b
     assert walkthrough(textworld_env.game_path(tmp_path, twin.spec)) == walkthrough(game_file)
     trace = [(r.observation, r.action, r.next_state) for r in expert_trace(env, task)[1]]

@@ -36,6 +36,7 @@ import functools
 import json
 import os
 import re
+import sys
 import tempfile
 import warnings
 import weakref
@@ -319,6 +320,14 @@ class TextworldEnv:
         spec = task.spec
         target = game_path(self.cache_dir, spec)
         if not target.is_file():
+            # generation takes seconds per game and happens on first use: say so, or a first rollout
+            # looks stuck for minutes
+            print(
+                f"textworld: generating {spec['challenge']} game (seed {spec['game_seed']}) into {target.parent} "
+                "(2-8 s; cached for the next use)",
+                file=sys.stderr,
+                flush=True,
+            )
             generate_game(spec, target)
         return target
 
