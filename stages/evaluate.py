@@ -32,14 +32,15 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run, checkpoint_complete, verify_checkpoint
 
-EVAL_METRICS = ("success_rate", "mean_return", "mean_turns", "mean_score", "episodes")
+EVAL_METRICS = ("success_rate", "mean_return", "mean_turns", "mean_score", "invalid_rate", "episodes")
 EVAL_PURPOSE = 0xE7A1  # the eval stream of SeedSequence((run.seed, iteration + 1, purpose))
 
 
 def episode_table(steps: pl.DataFrame, success_outcome: float) -> pl.DataFrame:
-    """One row per trajectory: task_type, turns, return G = Σ r + R, success, score (pure).
+    """One row per trajectory: task_type, turns, return G = Σ r + R, success, score, invalid turns (pure).
 
-    ``steps`` needs traj_id, task_type, step, reward, outcome (and may carry ``score``).
+    ``steps`` needs traj_id, task_type, step, reward, outcome (and may carry ``score``, ``valid``;
+    without ``valid`` no turn counts as invalid).
     """
     fallback = (pl.col("outcome").first() / success_outcome).clip(0.0, 1.0)
     score = (
@@ -51,6 +52,9 @@ def episode_table(steps: pl.DataFrame, success_outcome: float) -> pl.DataFrame:
         (pl.col("reward").sum() + pl.col("outcome").first()).alias("return"),
         (pl.col("outcome").first() >= success_outcome - 1e-9).cast(pl.Float64).alias("success"),
         score.cast(pl.Float64).alias("score"),
+        ((~pl.col("valid")).sum() if "valid" in steps.columns else pl.lit(0))
+        .cast(pl.Float64)
+        .alias("invalid"),
     )
 
 
@@ -61,6 +65,8 @@ def summary_rows(episodes: pl.DataFrame) -> pl.DataFrame:
         pl.col("return").mean().alias("mean_return"),
         pl.col("turns").mean().alias("mean_turns"),
         pl.col("score").mean().alias("mean_score"),
+        # share of turns (not episodes) whose output was unparseable or inadmissible, as in rollout
+        (pl.col("invalid").sum() / pl.col("turns").sum()).alias("invalid_rate"),
         pl.len().cast(pl.Float64).alias("episodes"),
     ]
     overall = episodes.select(aggs).with_columns(pl.lit(None, dtype=pl.String).alias("task_type"))

@@ -134,7 +134,9 @@ def test_stage_commands_say_what_they_computed(tmp_path):
     result = CliRunner().invoke(app, ["graph", str(steps), "-o", str(out)])
     assert result.exit_code == 0 and "graph: groups=2, nodes=" in result.output
     result = CliRunner().invoke(app, ["solve", str(out)])
-    assert result.exit_code == 0 and "solve: sweeps_max=" in result.output and "residual_max=" in result.output
+    assert (
+        result.exit_code == 0 and "solve: sweeps_max=" in result.output and "residual_max=" in result.output
+    )
     result = CliRunner().invoke(app, ["advantage", str(steps), "-o", str(out)])
     assert result.exit_code == 0 and "advantage: advantage_mean=" in result.output
 
@@ -145,7 +147,9 @@ def test_a_hub_id_says_how_to_download(tmp_path):
     from schemas.errors import GraftError
     from stages.policy.models import check_model_dir
 
-    with pytest.raises(GraftError, match=r"Hub id.*huggingface-cli download Qwen/Qwen2.5-1.5B-Instruct --local-dir"):
+    with pytest.raises(
+        GraftError, match=r"Hub id.*huggingface-cli download Qwen/Qwen2.5-1.5B-Instruct --local-dir"
+    ):
         check_model_dir("Qwen/Qwen2.5-1.5B-Instruct")
     with pytest.raises(GraftError, match="model directory not found"):
         check_model_dir(tmp_path / "missing")

@@ -197,6 +197,12 @@ def test_eval_rows_hand_computed() -> None:
     assert got[("mean_turns", "pick")] == pytest.approx(2.5)
     assert got[("success_rate", "heat")] == 1.0
     assert set(rows["iter"].to_list()) == {4} and set(rows["checkpoint"].to_list()) == {"iter_0004"}
+    assert got[("invalid_rate", None)] == 0.0  # no valid column: nothing is known to be invalid
+    # issue 26: an all-invalid model showed only as a return of -0.4; the share of invalid turns
+    valid = eval_rows(steps.with_columns(valid=pl.col("reward") == 0.0), 10.0, 4, "iter_0004")
+    got = {(r["name"], r["task_type"]): r["value"] for r in valid.iter_rows(named=True)}
+    assert got[("invalid_rate", None)] == pytest.approx(3 / 6)  # turns, not episodes
+    assert got[("invalid_rate", "pick")] == pytest.approx(3 / 5) and got[("invalid_rate", "heat")] == 0.0
 
 
 def test_eval_score_column_wins_over_outcome() -> None:
