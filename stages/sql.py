@@ -10,6 +10,8 @@ has an ``iter`` column taken from the ``iter_NNNN`` directory name (the director
 own ``iter`` column; top-level files keep their own, e.g. the initial evaluation's ``iter = -1``; a
 top-level table without one, e.g. ``advantages`` written with ``-o``, takes the single iteration of
 the top-level metrics/steps there, else null). Quoting ``"values"`` is safest (an SQL keyword elsewhere).
+A run with a warm start also gets ``sft_metrics``, ``sft_update``, ``demos`` (the expert's demos) and
+``dagger_steps`` (every DAgger round's relabelled turns, with ``round``) from ``RUN/sft/``.
 
 Read-only: only one SELECT / WITH / VALUES / FROM statement is accepted; COPY, EXPORT, ATTACH,
 INSTALL/LOAD, SET, PRAGMA, CREATE ... are refused before anything runs, and once the views exist the
@@ -48,6 +50,13 @@ from schemas.verified import verify_tables
 
 # View name -> file name pattern inside an iteration directory (metrics: one file per stage).
 VIEW_FILES: dict[str, str] = {name: f"{name}.parquet" for name in TABLES} | {"metrics": "metrics*.parquet"}
+# The warm start's tables (graft sft, <run>/sft/): view -> file pattern relative to the run
+WARM_START_VIEWS: dict[str, str] = {
+    "sft_metrics": "sft/metrics_sft.parquet",
+    "sft_update": "sft/update.parquet",
+    "demos": "sft/demos/steps.parquet",
+    "dagger_steps": "sft/dagger/round_*/steps.parquet",  # with a ``round`` column from the folder
+}
 _MISSING_TABLE = re.compile(r"Table with name (\w+) does not exist", re.IGNORECASE)
 
 
@@ -61,6 +70,8 @@ def _literal(text: str) -> str:
 
 def _table_patterns(view: str) -> list[str]:
     """Glob patterns of a view's files, relative to the run."""
+    if view in WARM_START_VIEWS:
+        return [WARM_START_VIEWS[view]]
     return [f"iter_[0-9]*/{VIEW_FILES[view]}", VIEW_FILES[view]]
 
 
@@ -71,7 +82,7 @@ def table_globs(root: Path) -> dict[str, list[str]]:
     """For each view, the DuckDB glob patterns that match at least one file in the run (others omitted)."""
     found: dict[str, list[str]] = {}
     base = str(root.resolve())
-    for view in VIEW_FILES:
+    for view in [*VIEW_FILES, *WARM_START_VIEWS]:
         hits = [f"{base}/{p}" for p in _table_patterns(view) if any(f.is_file() for f in root.glob(p))]
         if hits:
             found[view] = hits
@@ -101,7 +112,18 @@ def top_level_iteration(root: Path) -> int | None:
     return seen.pop() if len(seen) == 1 else None
 
 
+def _warm_start_view_sql(view: str, globs: list[str]) -> str:
+    files = "[" + ", ".join(_literal(g) for g in globs) + "]"
+    source = f"read_parquet({files}, filename = true, union_by_name = true)"
+    extra = ""
+    if view == "dagger_steps":
+        extra = r", TRY_CAST(regexp_extract(filename, '/round_(\d+)/[^/]*$', 1) AS INTEGER) AS round"
+    return f"CREATE VIEW {_quote(view)} AS SELECT * EXCLUDE (filename){extra} FROM {source}"
+
+
 def _view_sql(view: str, globs: list[str], top_iter: int | None = None) -> str:
+    if view in WARM_START_VIEWS:
+        return _warm_start_view_sql(view, globs)
     files = "[" + ", ".join(_literal(g) for g in globs) + "]"
     dir_iter = r"TRY_CAST(regexp_extract(filename, '/iter_(\d+)/[^/]*$', 1) AS INTEGER)"
     source = f"read_parquet({files}, filename = true, union_by_name = true)"

@@ -74,3 +74,24 @@ def test_the_cache_lives_where_graft_cache_dir_says(tmp_path, monkeypatch):
         root = tmp_path / "run"
         (root / "iter_0000" / "steps.parquet").write_bytes(b"PAR1garbagePAR1")
         run_query(root, "SELECT count(*) FROM steps")
+
+
+def test_the_warm_starts_tables_are_views_too(tmp_path):
+    # issue 26 item 5: graft sql did not see the warm start's tables
+    import polars as pl
+
+    from schemas import write_table
+    from stages.diagnostics import metrics_frame
+
+    root = _run(tmp_path)
+    demos = synth_steps(groups=2, group_size=2, horizon=3, seed=5)
+    write_table(demos, "steps", root / "sft" / "demos" / "steps.parquet")
+    for r in (1, 2):
+        write_table(demos.head(r + 1), "steps", root / "sft" / "dagger" / f"round_{r}" / "steps.parquet")
+    write_table(metrics_frame(-1, "sft", {"loss_last": 0.5}), "metrics", root / "sft" / "metrics_sft.parquet")
+    assert run_query(root, "SELECT count(*) AS n FROM demos")["n"][0] == demos.height
+    rounds = run_query(root, "SELECT round, count(*) AS n FROM dagger_steps GROUP BY round ORDER BY round")
+    assert rounds.rows() == [(1, 2), (2, 3)]
+    got = run_query(root, "SELECT value FROM sft_metrics WHERE name = 'loss_last'")
+    assert got["value"].to_list() == [0.5]
+    assert isinstance(got, pl.DataFrame)
