@@ -643,3 +643,34 @@ def test_no_grad_passes_score_identical_rows_once(monkeypatch):
     for a, b in zip(got.tokens + got_tokens.tokens, every.tokens + every_tokens.tokens, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     assert got.choice[3] != pytest.approx(got.choice[0])  # same response, other choices: other pi(a|s)
+
+
+def test_tied_embeddings_are_saved_once_and_reload_the_same(tmp_path):
+    # issue 26 item 5: an update checkpoint listed lm_head.weight beside model.embed_tokens.weight
+    # (27 tensors for the tiny model's 26)
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from stages.policy.tiny import TinySpec, random_qwen2
+    from stages.update.checkpoint import gather_model_state, save_checkpoint
+
+    model = random_qwen2(
+        make_tokenizer(), spec=TinySpec(hidden=32, layers=1, heads=2, max_positions=512), seed=0
+    )
+    assert model.config.tie_word_embeddings
+    state = gather_model_state(model)
+    assert "lm_head.weight" in state
+    final = tmp_path / "ckpt"
+    save_checkpoint(final, model, make_tokenizer(), {"iteration": 0}, model_state=state)
+    with safe_open(str(final / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    plain = tmp_path / "plain"
+    model.save_pretrained(plain, safe_serialization=True)
+    with safe_open(str(plain / "model.safetensors"), "pt") as f:
+        assert names == set(f.keys())
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            AutoModelForCausalLM.from_pretrained(final).eval()(ids).logits, model(ids).logits
+        )

@@ -137,6 +137,22 @@ def restore_optimizer_state(
     return json.loads(state_file.read_text())
 
 
+def without_tied_duplicates(
+    model: torch.nn.Module, state: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``state`` without the second name of a tied parameter (``lm_head.weight`` when the output
+    embedding is the input one): saved once, as ``save_pretrained`` does without a given state dict
+    (the gathered state listed it twice: +1 vocabulary x hidden matrix per checkpoint, 0.9 GB at 1.5B)."""
+    first: dict[int, str] = {}
+    duplicates = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            duplicates.add(name)
+        else:
+            first[id(param)] = name
+    return {name: tensor for name, tensor in state.items() if name not in duplicates}
+
+
 def save_checkpoint(
     final: Path,
     model: torch.nn.Module,
@@ -150,6 +166,8 @@ def save_checkpoint(
     rename). ``model`` is the unwrapped Hugging Face model; ``model_state`` overrides its tensors
     (the gathered full state of a sharded model)."""
     _quiet_transformers()
+    if model_state is not None:
+        model_state = without_tied_duplicates(model, model_state)
     tmp = atomic_dir(final)
     try:
         model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
