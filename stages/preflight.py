@@ -25,6 +25,7 @@ def check_startable(config: Config) -> None:
             raise GraftError(
                 f'model.path: {exc} (model.path = "" builds the tiny model; configs/cpu/ has CPU presets)'
             ) from None
+    check_context(config)
     if config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise GraftError(
             "rollout.engine = 'vllm' but vllm is not installed (pip install -e '.[vllm]' in the graft checkout on a GPU machine; "
@@ -38,3 +39,36 @@ def check_startable(config: Config) -> None:
 
         demo_env = make_demo_environment(config) if config.sft.env_options else env  # and the warm start's
         check_think(demo_env, config.sft.think)
+
+
+def model_context(config: Config) -> tuple[int | None, str]:
+    """(positions the policy model can attend over, where that number comes from); None if unknown."""
+    import json
+    from pathlib import Path
+
+    if not config.model.path:
+        from stages.policy.tiny import TinySpec
+
+        return TinySpec().max_positions, "the tiny model's max_positions"
+    try:
+        model_config = json.loads((Path(config.model.path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None, ""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = model_config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value, f"{key} in {config.model.path}/config.json"
+    return None, ""
+
+
+def check_context(config: Config) -> None:
+    """A prompt at its budget plus a full response must fit the model's context (else the engine
+    fails, or silently attends to less, in the middle of a run)."""
+    context, source = model_context(config)
+    need = config.rollout.max_prompt_tokens + config.rollout.max_new_tokens
+    if context is not None and need > context:
+        raise GraftError(
+            f"rollout.max_prompt_tokens ({config.rollout.max_prompt_tokens}) + rollout.max_new_tokens "
+            f"({config.rollout.max_new_tokens}) = {need} exceeds the model's context of {context} positions "
+            f"({source}); lower one of them"
+        )

@@ -244,3 +244,34 @@ def test_solve_without_a_graph_says_what_to_run_first(tmp_path):
 def test_repeatable_options_show_their_item_type():
     result = CliRunner().invoke(app, ["solve", "--help"])
     assert "--set <str>" in result.output and "list[str]" not in result.output
+
+
+def test_a_prompt_and_response_budget_over_the_models_context_is_refused(tmp_path):
+    # issue 26 item 5: nothing checked prompt + new tokens against the model's context length
+    import json
+
+    from schemas.config import load_config
+    from stages.preflight import check_context
+
+    run = tmp_path / "run"
+    args = [
+        "loop",
+        "--config",
+        CONFIG,
+        "--run",
+        str(run),
+        "--set",
+        "rollout.max_prompt_tokens=4000",
+        "--set",
+        "rollout.max_new_tokens=200",
+    ]
+    assert "= 4200 exceeds the model's context of 4096 positions" in _one_line(CliRunner().invoke(app, args))
+    assert not run.exists()
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
+    with pytest.raises(GraftError, match=r"max_position_embeddings in .*/config.json"):
+        check_context(load_config(None, [f"model.path={model}", "rollout.max_prompt_tokens=2048"]))
+    check_context(
+        load_config(None, [f"model.path={model}", "rollout.max_prompt_tokens=1536"])
+    )  # 1536 + 512 fits
