@@ -11,8 +11,9 @@ inputs; the tokenizer is the model directory's own, loaded with transformers.
   ``logprobs_mode="processed_logprobs"`` (log-probs after temperature), matching the hf engine's
   convention of storing the sampling distribution's log-probs.
 * ``choose``: the exact policy of SPEC §6 needs each admissible action's per-token log-probs, so
-  every (prompt + action) sequence is one request with ``max_tokens=1, prompt_logprobs=0``; vLLM's
-  prefix cache computes the shared prompt once. (``StructuredOutputsParams(choice=[...])`` would
+  every (prompt + action) sequence is one request with ``max_tokens=1, prompt_logprobs=0``. vLLM V1
+  does not serve prompt log-probs from its prefix cache, so each request recomputes its whole prompt:
+  K actions cost K prefills (docs/rollout.md). (``StructuredOutputsParams(choice=[...])`` would
   sample a token-by-token constrained distribution instead — not the mean-log-prob softmax the
   update stage assumes — so it is not used.)
 * New weights per iteration (``engine_options.reload``): ``"fresh"`` (default) builds a new
