@@ -28,8 +28,17 @@ DOCS = ROOT / "docs" / "quickstart"
 
 
 def config_digest(path: Path = CONFIG) -> str:
-    """sha256 of the resolved config's TOML (``run.iters`` included: the docs show that many)."""
-    return hashlib.sha256(load_config(path).to_toml().encode()).hexdigest()
+    """sha256 of the resolved config's TOML: every setting that changes what the run computes
+    (``run.iters`` included: the docs show that many), defaults included; not the bookkeeping
+    sections (``[checkpoint]``, ``[log]``), nor ``[sft]`` while the warm start is off."""
+    from schemas.config import dump_toml
+
+    data = load_config(path).to_dict()
+    for section in ("checkpoint", "log"):
+        data.pop(section)
+    if not data["sft"]["enabled"]:
+        data["sft"] = {"enabled": False}
+    return hashlib.sha256(dump_toml(data).encode()).hexdigest()
 
 
 def run_numbers(run_dir: Path) -> dict[str, float]:

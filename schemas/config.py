@@ -190,10 +190,12 @@ class SftConfig:
     split: Literal["train", "eval"] = "train"  # task set the demos are played on
     think: Literal["verb", "situation"] = "verb"  # the demos' <think>: the action's verb, or the situation
     epochs: int = 2
-    lr: float = 3e-3
+    # 0 = by the kind of model: 3e-3 for the tiny model trained from scratch, 5e-5 for a pretrained one
+    lr: float = 0.0
     lr_schedule: Literal["constant", "cosine"] = "constant"  # per training phase (demos, each DAgger round)
     warmup_steps: int = 0  # linear warm-up at the start of every training phase
     batch_size: int = 32  # demo rows per optimizer step
+    max_tokens_per_batch: int = 16384  # padded tokens per forward pass (micro-batches add up to a step)
     tasks: int = 0  # tasks the demos and DAgger rounds play; 0 = the split's task count
     env_options: dict[str, Any] = field(default_factory=dict)  # over env.options for the demos' environment
     dagger_rounds: int = 0  # DAgger rounds after cloning the demos (stages.dagger); 0 = plain cloning
@@ -477,7 +479,8 @@ RANGES: dict[str, Rule] = {
     "sft.invalid_noise": _within(0, 1),  # a probability
     "sft.keep_noise": _within(0, 1),  # a probability
     "sft.epochs": _at_least(1),
-    "sft.lr": _within(0, 10, low_open=True),  # beyond 10 the first step overflows float32 weights
+    "sft.lr": _within(0, 10),  # 0 = by the model kind; beyond 10 the first step overflows float32 weights
+    "sft.max_tokens_per_batch": _at_least(1),
     "sft.warmup_steps": _at_least(0),
     "sft.batch_size": _at_least(1),
     "sft.tasks": _at_least(0),

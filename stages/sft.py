@@ -21,6 +21,7 @@ killed midway is redone from the start, which gives identical weights (CPU, same
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -82,15 +83,63 @@ def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def response_token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """(Σ cross-entropy over the response tokens, their count): logits are computed only at the
+    positions that predict a response token (the language-model head over every position dominates
+    memory for a real vocabulary: 49k-150k columns), through the update's ``SelectedLogits``."""
+    from stages.update.logprobs import as_scorer
+
+    labels = batch["labels"]
+    rows, positions = torch.nonzero(labels[:, 1:] != IGNORE, as_tuple=True)  # position t predicts t + 1
+    targets = labels[:, 1:][rows, positions]
+    scorer = as_scorer(model)
+    device = next(scorer.parameters()).device
+    logits = scorer(
+        batch["input_ids"].to(device),
+        batch["attention_mask"].to(device),
+        None,
+        rows.to(device),
+        positions.to(device),
+    ).float()
+    return torch.nn.functional.cross_entropy(logits, targets.to(device), reduction="sum"), int(
+        targets.numel()
+    )
+
+
 def response_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Token-mean cross-entropy of the response tokens (the module docstring's loss), a scalar."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    # position t predicts token t + 1
-    shifted_logits = logits[:, :-1].float()
-    shifted_labels = batch["labels"][:, 1:]
-    return torch.nn.functional.cross_entropy(
-        shifted_logits.reshape(-1, shifted_logits.shape[-1]), shifted_labels.reshape(-1), ignore_index=IGNORE
-    )
+    total, count = response_token_loss(model, batch)
+    return total / max(count, 1)
+
+
+def micro_batches(examples: Sequence[Example], rows: np.ndarray, max_tokens: int) -> list[list[int]]:
+    """``rows`` cut in order into micro-batches whose padded size (rows x longest sequence) stays within
+    ``max_tokens`` (a single longer row is a micro-batch of its own)."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in rows.tolist():
+        length = len(examples[i].prompt_ids) + len(examples[i].response_ids)
+        if current and max(longest, length) * (len(current) + 1) > max_tokens:
+            out.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, length)
+    if current:
+        out.append(current)
+    return out
+
+
+def sft_lr(config: Config) -> float:
+    """``sft.lr``, or when it is 0 (auto) the default for the kind of model: 3e-3 for the tiny model
+    trained from scratch, 5e-5 for a pretrained one (3e-3 wrecks SmolLM2-135M-Instruct; 5e-5 cloned it)."""
+    if config.sft.lr > 0:
+        return config.sft.lr
+    return TINY_SFT_LR if not config.model.path else PRETRAINED_SFT_LR
+
+
+TINY_SFT_LR = 3e-3
+PRETRAINED_SFT_LR = 5e-5
 
 
 def minibatch_order(n: int, batch_size: int, epochs: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -130,28 +179,46 @@ def train_sft(
     grad_clip: float = 1.0,
     lr_schedule: str = "constant",
     warmup_steps: int = 0,
+    max_tokens: int = 1 << 30,
+    bf16: bool = True,
     on_step: Callable[[int, int, float], None] | None = None,
 ) -> list[float]:
-    """Clone ``examples`` into ``model`` (in place); return the loss of every optimizer step.
+    """Clone ``examples`` into ``model`` (in place, on the device it is on); return the loss of every
+    optimizer step.
 
-    The learning rate of step ``t`` is ``lr * lr_factor(t, steps, lr_schedule, warmup_steps)``."""
+    The learning rate of step ``t`` is ``lr * lr_factor(t, steps, lr_schedule, warmup_steps)``. A
+    minibatch is split into micro-batches of at most ``max_tokens`` padded tokens whose gradients add
+    up to the minibatch's token-mean loss (the same step as one pass); bf16 autocast on a GPU."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = minibatch_order(len(examples), batch_size, epochs, rng)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, len(schedule), lr_schedule, warmup_steps)
     )
+    device = next(model.parameters()).device
+    cast = (
+        torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        if device.type == "cuda" and bf16
+        else contextlib.nullcontext()
+    )
     model.train()
     losses = []
     for step, rows in enumerate(schedule):
-        loss = response_loss(model, collate([examples[i] for i in rows], pad_id))
-        if not torch.isfinite(loss):
-            raise GraftError(f"sft: the loss became {loss.item()} at step {step} (lower sft.lr)")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        parts = micro_batches(examples, rows, max_tokens)
+        total_tokens = sum(len(examples[i].response_ids) for i in rows)
+        step_loss = 0.0
+        for part in parts:
+            with cast:
+                loss_sum, _ = response_token_loss(model, collate([examples[i] for i in part], pad_id))
+            loss = loss_sum / max(total_tokens, 1)
+            if not torch.isfinite(loss):
+                raise GraftError(f"sft: the loss became {loss.item()} at step {step} (lower sft.lr)")
+            loss.backward()
+            step_loss += float(loss.item())
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
         scheduler.step()
-        losses.append(float(loss.item()))
+        losses.append(step_loss)
         if on_step is not None:
             on_step(step + 1, len(schedule), losses[-1])
     model.eval()
@@ -194,9 +261,10 @@ def _train_phase(
             model,
             examples,
             pad_id,
-            lr=sft.lr,
+            lr=sft_lr(config),
             epochs=epochs,
             batch_size=sft.batch_size,
+            max_tokens=sft.max_tokens_per_batch,
             rng=derive_rng(config.run.seed, "sft", *stream),
             lr_schedule=sft.lr_schedule,
             warmup_steps=sft.warmup_steps,
@@ -239,7 +307,11 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
         )
         write_table(demos, "steps", demos_path)
     torch.set_num_threads(max(1, config.run.torch_threads))
-    model = load_model(base_model, config.model.trust_remote_code)
+    from stages.policy.models import resolve_device
+
+    # trained on run.device (a GPU when there is one); the DAgger rounds play through an engine of
+    # their own on the same device
+    model = load_model(base_model, config.model.trust_remote_code).to(resolve_device(config.run.device))
     tokenizer = load_tokenizer(base_model, config.model.trust_remote_code)
     chat = prompt_format(model, tokenizer, config.model.prompt_format) == "chat"
     examples, cut = sft_examples(demos, tokenizer, chat, config.rollout.max_prompt_tokens)

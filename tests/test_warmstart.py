@@ -603,3 +603,33 @@ def test_sft_takes_the_run_lock_and_clears_a_killed_warm_starts_temporaries(tmp_
         assert result.exit_code == 2 and "lock" in result.output
     finally:
         holder.kill()
+
+
+def test_micro_batches_give_the_same_step_as_one_pass(tmp_path: Path) -> None:
+    # issue 26 item 4: the warm start had no micro-batching; the split must not change the step
+    import copy
+
+    from stages.sft import micro_batches
+
+    env, model, tokenizer = _tiny_model_and_tokenizer(tmp_path)
+    demos = expert_demos(env, env.tasks("train", 2, 0), 4, seed=0, history_length=0)
+    examples, _ = sft_examples(demos, tokenizer, chat=False, max_prompt_tokens=1024)
+    twin = copy.deepcopy(model)
+    kwargs = dict(lr=1e-2, epochs=1, batch_size=len(examples), rng=np.random.default_rng(0))
+    whole = train_sft(model, examples, tokenizer.pad_token_id, **kwargs)
+    kwargs["rng"] = np.random.default_rng(0)
+    longest = max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
+    split = train_sft(twin, examples, tokenizer.pad_token_id, max_tokens=2 * longest, **kwargs)
+    assert len(micro_batches(examples, np.arange(len(examples)), 2 * longest)) > 1
+    assert whole == pytest.approx(split, rel=1e-5)
+    for (name, a), (_, b) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)  # Adam: lr-sized steps
+
+
+def test_the_warm_start_lr_defaults_by_the_kind_of_model() -> None:
+    from schemas.config import load_config
+    from stages.sft import PRETRAINED_SFT_LR, TINY_SFT_LR, sft_lr
+
+    assert sft_lr(load_config(None)) == TINY_SFT_LR == 3e-3
+    assert sft_lr(load_config(None, ["model.path=models/smollm2"])) == PRETRAINED_SFT_LR == 5e-5
+    assert sft_lr(load_config(None, ["model.path=models/smollm2", "sft.lr=1e-4"])) == 1e-4
