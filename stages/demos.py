@@ -58,7 +58,7 @@ import polars as pl
 
 from schemas.config import Config
 from schemas.errors import GraftError
-from stages.envs.base import Environment, Episode, Task
+from stages.envs.base import Environment, Episode, Task, environment_tasks
 from stages.envs.prompts import episode_prompt
 from stages.policy.sampling import derive_rng
 from stages.rollout.collect import STEPS_FRAME_SCHEMA
@@ -227,7 +227,7 @@ def split_tasks(env: Environment, config: Config, split: str, tasks: int = 0) ->
     """The run's ``split`` task set (``env.train_tasks`` or ``env.eval_tasks`` tasks from ``run.seed``),
     or ``tasks`` > 0 tasks of that split."""
     count = tasks or (config.env.train_tasks if split == "train" else config.env.eval_tasks)
-    return env.tasks(split, count, config.run.seed)
+    return environment_tasks(env, split, count, config.run.seed)
 
 
 def split_demos(

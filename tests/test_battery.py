@@ -275,3 +275,17 @@ def test_a_prompt_and_response_budget_over_the_models_context_is_refused(tmp_pat
     check_context(
         load_config(None, [f"model.path={model}", "rollout.max_prompt_tokens=1536"])
     )  # 1536 + 512 fits
+
+
+def test_a_plugin_whose_tasks_raise_is_one_line_in_every_command(tmp_path, monkeypatch):
+    (tmp_path / "broken_tasks.py").write_text(
+        "from corridor_env import Corridor\n"
+        "class Env(Corridor):\n"
+        "    def tasks(self, split, count, seed):\n"
+        "        raise KeyError('goal')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    for command in (["play", "broken_tasks:Env"], ["demos", "broken_tasks:Env", "-o", str(tmp_path / "d")]):
+        line = _one_line(CliRunner().invoke(app, command, input=""))
+        assert "cannot list" in line and "KeyError" in line

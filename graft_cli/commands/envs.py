@@ -50,7 +50,7 @@ def play(
 
     check_seed(seed)
     from schemas.config import load_config
-    from stages.envs.base import Episode
+    from stages.envs.base import Episode, environment_tasks
     from stages.envs.registry import make_env
 
     if task < 0:
@@ -63,7 +63,7 @@ def play(
     if config is not None or "env.invalid_penalty" in explicit:
         kwargs["invalid_penalty"] = cfg.env.invalid_penalty
     env = make_env(cfg.env.name, **kwargs)
-    the_task = env.tasks(split, task + 1, seed)[task]
+    the_task = environment_tasks(env, split, task + 1, seed)[task]
     episode = Episode(env, the_task)
     echo = typer.echo
     echo(f"{env.name} task {task} ({split}, seed {seed}): {the_task.task_id} [{the_task.task_type}]")

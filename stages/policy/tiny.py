@@ -28,7 +28,7 @@ from transformers.utils import logging as hf_logging
 from schemas.config import DEFAULT_TINY_VOCAB_TASKS
 from schemas.errors import GraftError
 from schemas.rundir import atomic_dir, commit_dir
-from stages.envs.base import Environment, Episode
+from stages.envs.base import Environment, Episode, environment_tasks
 from stages.envs.prompts import episode_prompt
 from stages.policy.tokenizer import build_word_tokenizer
 from stages.progress import terminal_progress
@@ -94,7 +94,7 @@ def environment_texts(
     total = 2 * tasks_per_split
     done = 0
     for split in ("train", "eval"):
-        for task in env.tasks(split, tasks_per_split, seed):
+        for task in environment_tasks(env, split, tasks_per_split, seed):
             done += 1
             if on_task is not None:
                 on_task(done, total)
