@@ -674,3 +674,24 @@ def test_tied_embeddings_are_saved_once_and_reload_the_same(tmp_path):
         torch.testing.assert_close(
             AutoModelForCausalLM.from_pretrained(final).eval()(ids).logits, model(ids).logits
         )
+
+
+def test_saved_tokenizers_name_a_class_every_supported_transformers_has(tmp_path):
+    # issue 26 item 5: checkpoints carried tokenizer_class "TokenizersBackend" (transformers 5 only)
+    import json
+
+    from transformers import AutoTokenizer
+
+    from stages.update.checkpoint import save_checkpoint
+
+    final = tmp_path / "ckpt"
+    tok = make_tokenizer()
+    save_checkpoint(final, tiny_qwen2(3), tok, {"iteration": 0})
+    config = json.loads((final / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert not isinstance(config.get("extra_special_tokens"), list)
+    reloaded = AutoTokenizer.from_pretrained(final)
+    for text in TEXTS:
+        assert reloaded.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    assert reloaded.eos_token == tok.eos_token and reloaded.pad_token == tok.pad_token
+    assert checkpoint_complete(final)

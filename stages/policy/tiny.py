@@ -30,7 +30,7 @@ from schemas.errors import GraftError
 from schemas.rundir import atomic_dir, commit_dir
 from stages.envs.base import Environment, Episode, environment_tasks
 from stages.envs.prompts import episode_prompt
-from stages.policy.tokenizer import build_word_tokenizer
+from stages.policy.tokenizer import build_word_tokenizer, portable_tokenizer_files
 from stages.progress import terminal_progress
 
 PromptFn = Callable[..., str]  # build_prompt(style, *, task_text, observation, admissible, history, ...)
@@ -184,6 +184,7 @@ def build_tiny_model(
     tmp = atomic_dir(out)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    portable_tokenizer_files(tmp)
     commit_dir(tmp, out)
     return out
 

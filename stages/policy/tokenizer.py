@@ -15,8 +15,10 @@ encodes through the 256 byte symbols. Two traps this layout avoids (SPEC §6):
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -103,3 +105,31 @@ def vocabulary_misses(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str]) 
                 if piece not in vocab:
                     misses.add(piece)
     return misses
+
+
+def portable_tokenizer_files(folder: Path) -> None:
+    """Make a saved tokenizer directory load under transformers 4.x as well as 5.x.
+
+    transformers 5 writes ``tokenizer_class = "TokenizersBackend"`` (a class 4.x does not have) and
+    ``extra_special_tokens`` as a list (4.x expects a table there). The tokenizer itself is the
+    ``tokenizer.json`` pipeline, which both versions load as ``PreTrainedTokenizerFast``; the extra
+    special tokens go under 4.x's ``additional_special_tokens``, which 5.x reads too.
+    """
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    changed = False
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        changed = True
+    extra = config.get("extra_special_tokens")
+    if isinstance(extra, list):
+        config.pop("extra_special_tokens")
+        known = list(config.get("additional_special_tokens") or [])
+        config["additional_special_tokens"] = known + [t for t in extra if t not in known]
+        changed = True
+    if changed:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        tmp.replace(path)

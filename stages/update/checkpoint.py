@@ -30,6 +30,7 @@ from schemas.rundir import (
     commit_dir,
     file_digests,
 )
+from stages.policy.tokenizer import portable_tokenizer_files
 
 TRAINER_STATE_DIR = "trainer_state"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -173,6 +174,7 @@ def save_checkpoint(
         model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+            portable_tokenizer_files(tmp)
         if optimizer_state is not None:
             (tmp / TRAINER_STATE_DIR).mkdir()
             save_file(optimizer_state, str(tmp / TRAINER_STATE_DIR / OPTIMIZER_FILE))
