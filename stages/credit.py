@@ -79,6 +79,12 @@ def graph_of(
     return build_graph(steps, g.canonicalize, g.tau, g.truncation, embedder, g.time_key)
 
 
+def values_of(nodes: pl.DataFrame, edges: pl.DataFrame, config: Config, index: GraphIndex) -> pl.DataFrame:
+    """solve_values with the ``[solve]`` settings of ``config``."""
+    s = config.solve
+    return solve_values(nodes, edges, s.gamma, s.eps, index=index, step_rewards=s.step_rewards)
+
+
 def embed_metrics(embedder: Embedder | None) -> dict[str, float]:
     """``similarity_truncated``: state texts longer than the encoder's window (embedded in windows)."""
     over = getattr(embedder, "over_window", None)
@@ -163,14 +169,7 @@ def run_all(
     nodes, edges = graph_of(steps, config, embedder)
     t1 = time.perf_counter()
     index = index_graph(nodes, edges)
-    values = solve_values(
-        nodes,
-        edges,
-        config.solve.gamma,
-        config.solve.eps,
-        index=index,
-        step_rewards=config.solve.step_rewards,
-    )
+    values = values_of(nodes, edges, config, index)
     t2 = time.perf_counter()
     adv = compute_advantages(
         steps,
@@ -308,14 +307,7 @@ def solve_files(
         held.index = None
     nodes, edges = held.nodes, held.edges
     index = held.index if held.index is not None else index_graph(nodes, edges)
-    values = solve_values(
-        nodes,
-        edges,
-        config.solve.gamma,
-        config.solve.eps,
-        index=index,
-        step_rewards=config.solve.step_rewards,
-    )
+    values = values_of(nodes, edges, config, index)
     metrics = {**solve_metrics(values, edges, index), "seconds": time.perf_counter() - t0}
     steps = held.steps
     if steps is None and steps_path is not None and steps_path.is_file():

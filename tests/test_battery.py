@@ -18,6 +18,15 @@ from tests.test_env_plugin import ENV, examples_on_path  # noqa: F401
 CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml")
 
 
+def _loop_start(tmp_path: Path, *sets: str) -> tuple[str, Path]:
+    """(the one error line, the run directory) of a quickstart start with these --set items."""
+    run = tmp_path / "run"
+    args = ["loop", "--config", CONFIG, "--run", str(run)]
+    for item in sets:
+        args += ["--set", item]
+    return _one_line(CliRunner().invoke(app, args)), run
+
+
 def _one_line(result) -> str:  # type: ignore[no-untyped-def]
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
@@ -33,7 +42,7 @@ def _one_line(result) -> str:  # type: ignore[no-untyped-def]
             ["--set", "run.seed=18446744073709551616"],
             "'run.seed' = 18446744073709551616 is invalid; must be in [0, 2**63 - 1]",
         ),
-        (["--set", "sft.lr=1e39"], "'sft.lr' = 1e+39 is invalid; must be in (0, 10]"),
+        (["--set", "sft.lr=1e39"], "'sft.lr' = 1e+39 is invalid; must be in [0, 10]"),
         (["--set", "run.name=\udcff"], "not valid UTF-8 text"),
         (["--iters", "-2"], "--iters -2: must be >= 0"),
         (["--set", "env.name=subprocess:run"], "env.name 'subprocess:run': its constructor raised TypeError"),
@@ -181,20 +190,8 @@ def test_a_subnormal_temperature_is_refused(tmp_path, value):
 
 
 def test_tiny_hidden_must_divide_into_heads(tmp_path):
-    run = tmp_path / "run"
-    args = [
-        "loop",
-        "--config",
-        CONFIG,
-        "--run",
-        str(run),
-        "--set",
-        "model.tiny_hidden=30",
-        "--set",
-        "model.tiny_heads=4",
-    ]
-    assert "must be a multiple of model.tiny_heads = 4" in _one_line(CliRunner().invoke(app, args))
-    assert not run.exists()
+    line, run = _loop_start(tmp_path, "model.tiny_hidden=30", "model.tiny_heads=4")
+    assert "must be a multiple of model.tiny_heads = 4" in line and not run.exists()
 
 
 def test_a_bad_log_dir_is_refused_before_the_run_exists(tmp_path):
@@ -253,19 +250,8 @@ def test_a_prompt_and_response_budget_over_the_models_context_is_refused(tmp_pat
     from schemas.config import load_config
     from stages.preflight import check_context
 
-    run = tmp_path / "run"
-    args = [
-        "loop",
-        "--config",
-        CONFIG,
-        "--run",
-        str(run),
-        "--set",
-        "rollout.max_prompt_tokens=4000",
-        "--set",
-        "rollout.max_new_tokens=200",
-    ]
-    assert "= 4200 exceeds the model's context of 4096 positions" in _one_line(CliRunner().invoke(app, args))
+    line, run = _loop_start(tmp_path, "rollout.max_prompt_tokens=4000", "rollout.max_new_tokens=200")
+    assert "= 4200 exceeds the model's context of 4096 positions" in line
     assert not run.exists()
     model = tmp_path / "m"
     model.mkdir()
