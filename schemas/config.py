@@ -83,6 +83,9 @@ class RolloutConfig:
     # engine-specific settings (hf: token_budget, logit_budget; vllm: gpu_memory_utilization,
     # tensor_parallel_size, max_model_len, reload = "fresh" | "reload_weights")
     engine_options: dict[str, Any] = field(default_factory=dict)
+    # free the rollout engine (its model; a vLLM engine's GPU memory) before the loop's update and
+    # evaluation: "auto" = on a GPU run (the update needs the memory), "always", "never"
+    release_engine: Literal["auto", "always", "never"] = "auto"
 
 
 @dataclass

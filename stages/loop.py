@@ -38,7 +38,13 @@ from schemas.verified import known_intact
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
 from stages.live_log import TensorBoardLogger, open_logger
-from stages.rollout import ensure_initial_model, make_environment, run_rollout
+from stages.rollout import (
+    engine_released_for_update,
+    ensure_initial_model,
+    make_environment,
+    release_engines,
+    run_rollout,
+)
 from stages.update import run_update
 from stages.update.retention import prune_checkpoints
 
@@ -140,6 +146,8 @@ def run_iteration(
                 continue
             result.redone[stage] = damage  # a damaged finished output: run the stage again
         start = time.perf_counter()
+        if stage in ("update", "eval") and engine_released_for_update(config):
+            release_engines()  # the update (or the evaluation's own engine) gets the memory
         runners[stage](run, iteration, config)
         if not run.stage_complete(stage, iteration):
             missing = [str(p) for p in run.output_paths(stage, iteration) if not p.exists()]

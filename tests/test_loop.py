@@ -481,3 +481,27 @@ def test_readme_rule_on_wall_clock_names_covers_every_timing_metric() -> None:
     for name in names:
         timing = re.search(WALL_CLOCK, name) is not None
         assert any(fnmatch.fnmatch(name, g) for g in globs) == timing, name
+
+
+@pytest.mark.slow
+def test_releasing_the_engine_before_the_update_changes_no_table(reference_run: Path, tmp_path: Path) -> None:
+    # issue 26 item 3: the loop kept the rollout engine resident through the update and evaluation
+    import stages.rollout.from_config as from_config
+    from stages.loop import STAGE_RUNNERS
+
+    config = load_config(CONFIGS / "quickstart.toml", [*MICRO, "rollout.release_engine=always"])
+    run = create_run(tmp_path / "released", config)
+    live_at_update = []
+
+    def update(r: Run, it: int, c: Config) -> None:
+        live_at_update.append(len(from_config._ENGINES))
+        STAGE_RUNNERS["update"](r, it, c)
+
+    run_loop(run, config, config.run.iters, runners={**STAGE_RUNNERS, "update": update})
+    assert live_at_update == [0, 0]
+    want, got = _tables(reference_run), _tables(run.root)
+    assert sorted(got) == sorted(want)
+    for name, frame in want.items():
+        assert got[name].equals(frame), name
+    auto = load_config(CONFIGS / "quickstart.toml", MICRO)
+    assert not from_config.engine_released_for_update(auto)  # a CPU run keeps its engine (no memory to free)

@@ -39,11 +39,13 @@ from stages.rollout.from_config import (
     INITIAL_VERSION,
     build_tiny_for_config,
     engine_options,
+    engine_released_for_update,
     ensure_initial_model,
     iteration_groups,
     make_engine,
     make_environment,
     policy_for_iteration,
+    release_engines,
 )
 from stages.rollout.metrics import rollout_metrics
 from stages.rollout.runner import collect_groups, rollout_iteration, run_rollout
@@ -60,6 +62,8 @@ __all__ = [
     "ensure_initial_model",
     "iteration_groups",
     "make_engine",
+    "release_engines",
+    "engine_released_for_update",
     "make_environment",
     "merge_rollout_shards",
     "parse_shard",

@@ -47,6 +47,35 @@ def make_engine(config: Config, model_dir: str | Path, version: str = INITIAL_VE
     return engine
 
 
+def release_engines() -> int:
+    """Close every live rollout engine (its model, a vLLM engine's GPU memory); the next
+    ``make_engine`` builds a new one. Returns how many were closed."""
+    closed = len(_ENGINES)
+    for engine in _ENGINES.values():
+        engine.close()
+    _ENGINES.clear()
+    if closed:
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return closed
+
+
+def engine_released_for_update(config: Config) -> bool:
+    """Whether the loop frees the rollout engine before an update or evaluation
+    (``rollout.release_engine``; "auto": when the run is on a GPU, where the update needs its memory)."""
+    mode = config.rollout.release_engine
+    if mode != "auto":
+        return mode == "always"
+    from stages.policy.models import resolve_device
+
+    return resolve_device(config.run.device).type == "cuda"
+
+
 def make_environment(config: Config, options: dict | None = None) -> Environment:
     """The run's environment (``options``: instead of ``env.options``)."""
     from stages.envs.registry import make_env
