@@ -164,6 +164,8 @@ class UpdateConfig:
     # training engine and the rows come from the policy being trained, else recomputed before step 1
     old_logprobs: Literal["auto", "recompute", "stored"] = "auto"
     parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
+    # recompute each decoder layer's activations in the backward pass (less memory, ~1/3 more compute)
+    gradient_checkpointing: bool = False
     # rows (a seeded sample) on which the exact KL(new ‖ old) of each update is measured (metrics
     # policy_kl*, stages.update.policy_kl); their old distributions are kept on the CPU; 0 = off
     kl_probe_rows: int = 128

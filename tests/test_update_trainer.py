@@ -695,3 +695,50 @@ def test_saved_tokenizers_name_a_class_every_supported_transformers_has(tmp_path
         assert reloaded.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
     assert reloaded.eos_token == tok.eos_token and reloaded.pad_token == tok.pad_token
     assert checkpoint_complete(final)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_and_recomputes_the_layers():
+    # issue 26 item 3: no gradient checkpointing; the update keeps eval mode, which Hugging Face's
+    # checkpointing would skip
+    import copy
+
+    from stages.policy.tiny import TinySpec, random_qwen2
+    from stages.update.checkpoint import enable_gradient_checkpointing
+    from stages.update.logprobs import response_log_probs
+
+    tok = make_tokenizer()
+    base = random_qwen2(tok, spec=TinySpec(hidden=32, layers=2, heads=2, max_positions=512), seed=5).eval()
+    prompts = [tok.encode(TEXTS[0], add_special_tokens=False)] * 2
+    responses = [tok.encode(a, add_special_tokens=False) for a in ACTIONS[:2]]
+
+    def grads(model):
+        logp, mask, _ = response_log_probs(model, prompts, responses)
+        (logp * mask).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads(copy.deepcopy(base))
+    checkpointed = copy.deepcopy(base)
+    layers = enable_gradient_checkpointing(checkpointed)
+    assert layers == len(checkpointed.model.layers)
+    calls = []
+    first = checkpointed.model.layers[0]
+    hook = first.self_attn.register_forward_hook(lambda *_: calls.append(1))
+    got = grads(checkpointed)
+    hook.remove()
+    assert len(calls) == 2  # the forward, then its recomputation in the backward
+    assert not first.self_attn.training and not first.mlp.training  # no dropout switched on
+    assert got.keys() == plain.keys()
+    for name, g in plain.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_the_update_runs_with_gradient_checkpointing(tmp_path):
+    from stages.update import run_update
+
+    weights = []
+    for flag in (False, True):
+        run, config = make_run(tmp_path / str(flag), "generate", gradient_checkpointing=flag)
+        run_update(run, 0, config)
+        weights.append(_weights(run.checkpoint_dir(0)))
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, rtol=1e-4, atol=1e-6, msg=name)

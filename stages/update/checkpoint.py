@@ -138,6 +138,23 @@ def restore_optimizer_state(
     return json.loads(state_file.read_text())
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module) -> int:
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (``update.gradient_checkpointing``); returns the number of layers that will.
+
+    Hugging Face checkpoints a layer only in training mode, while the update keeps the model in eval
+    mode (no dropout, so the first step's ratio is exactly 1). So only the decoder layers' own
+    ``training`` flag is set -- the switch their checkpointing reads -- and every submodule (attention,
+    MLP, dropout) stays in eval mode: the same numbers, less memory."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers:
+        layer.training = True  # not .train(): that would switch the submodules' dropout on too
+    return len(layers)
+
+
 def without_tied_duplicates(
     model: torch.nn.Module, state: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:

@@ -38,6 +38,7 @@ from stages.policy.sampling import derive_rng
 from stages.progress import terminal_progress
 from stages.update.batching import KEYS, UpdateRows, build_update_rows, join_steps_advantages
 from stages.update.checkpoint import (
+    enable_gradient_checkpointing,
     gather_model_state,
     gather_optimizer_state,
     load_model,
@@ -290,6 +291,8 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     ref_seconds = time.perf_counter() - t_ref
 
     model = load_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     t_old = time.perf_counter()
     if cfg.old_logprobs == "stored":
         use_stored = True
