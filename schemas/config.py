@@ -166,6 +166,9 @@ class UpdateConfig:
     parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
     # recompute each decoder layer's activations in the backward pass (less memory, ~1/3 more compute)
     gradient_checkpointing: bool = False
+    # the trained weights (and so their gradients and AdamW moments): float32, or bfloat16 for half the
+    # memory (log-probs are still taken in float32; bf16 rounds small updates away: use lr >= ~1e-5)
+    master_dtype: Literal["float32", "bfloat16"] = "float32"
     # rows (a seeded sample) on which the exact KL(new ‖ old) of each update is measured (metrics
     # policy_kl*, stages.update.policy_kl); their old distributions are kept on the CPU; 0 = off
     kl_probe_rows: int = 128

@@ -742,3 +742,22 @@ def test_the_update_runs_with_gradient_checkpointing(tmp_path):
         weights.append(_weights(run.checkpoint_dir(0)))
     for name, value in weights[0].items():
         torch.testing.assert_close(weights[1][name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_bf16_master_weights_train_and_save_in_bf16(tmp_path):
+    # issue 26 item 3: fp32 master weights + AdamW only
+    from safetensors import safe_open
+
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path, "generate", master_dtype="bfloat16", lr=1e-2)
+    run_update(run, 0, config)
+    with safe_open(str(run.checkpoint_dir(0) / "model.safetensors"), "pt") as f:
+        dtypes = {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    assert dtypes == {torch.bfloat16}
+    table = _table(run)
+    assert math.isfinite(table[(-1, -1, "loss")]) and table[(-1, -1, "policy_kl")] > 0
+    initial = _weights(run.initial_model_dir)
+    trained = _weights(run.checkpoint_dir(0))
+    moved = [n for n in initial if not torch.equal(initial[n].to(torch.bfloat16), trained[n])]
+    assert moved  # the bf16 weights did change

@@ -291,6 +291,8 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     ref_seconds = time.perf_counter() - t_ref
 
     model = load_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
+    if cfg.master_dtype == "bfloat16":  # weights, gradients and AdamW moments in bf16: half the memory
+        model = model.to(torch.bfloat16)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     t_old = time.perf_counter()
