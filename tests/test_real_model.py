@@ -123,3 +123,12 @@ def test_the_warm_start_on_a_pretrained_model(smollm2: Path, tmp_path: Path) -> 
     metrics = pl.read_parquet(run.sft_dir / "metrics_sft.parquet")
     assert np.isfinite(metrics.filter(pl.col("name") == "loss_last")["value"][0])
     assert pl.read_parquet(run.sft_dir / "update.parquet").height >= 1
+
+
+def test_the_cpu_preset_names_the_converted_directory() -> None:
+    from schemas.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    config = load_config(root / "configs" / "cpu" / "household_smollm2.toml")
+    assert config.model.path == "models/smollm2" and config.model.prompt_format == "chat"
+    assert config.rollout.mode == "generate" and config.sft.enabled and config.update.gradient_checkpointing
