@@ -452,3 +452,27 @@ def test_environment_exceptions_outside_step_are_errors_not_tracebacks(engine) -
     errors = steps.filter(pl.col("error").is_not_null())
     assert errors.height >= 1 and errors["truncated"].all() and errors["reward"].is_finite().all()
     assert errors["error"][0] == "ValueError: transition reward = nan is not a finite number"
+
+
+def test_an_over_budget_prompt_drops_its_oldest_history_first(engine) -> None:
+    # issue 26 item 5: prompts over max_prompt_tokens were cut from the left, dropping the header
+    # and the task; now the oldest history goes first and the prompt keeps its beginning
+    import unittest.mock as mock
+
+    from stages.rollout import collect
+
+    renders = []
+    real = collect._Renderer._render
+
+    def spy(self, slot, history_length):  # type: ignore[no-untyped-def]
+        renders.append(history_length)
+        return real(self, slot, history_length)
+
+    full = _collect(engine, CorridorEnv(), tasks=1, group_size=1)
+    lengths = [len(p) for p in full["prompt_ids"].to_list()]
+    budget = (max(lengths) + min(lengths)) // 2
+    with mock.patch.object(collect._Renderer, "_render", spy):
+        cut = _collect(engine, CorridorEnv(), tasks=1, group_size=1, max_prompt_tokens=budget)
+    assert max(len(p) for p in cut["prompt_ids"].to_list()) <= budget
+    assert cut["prompt"].str.starts_with("Your task is to:").all()  # the beginning is kept
+    assert min(renders) < 2  # some turn was rendered again with less history than the 2 configured

@@ -110,23 +110,42 @@ class _Renderer:
         self.truncated = 0
         self._choice_ids: dict[str, list[int]] = {}
 
+    def _render(self, slot: _Slot, history_length: int) -> str:
+        ep, obs = slot.episode, slot.episode.current
+        return self.prompt_fn(
+            self.env.prompt_style,
+            task_text=obs.task_text,
+            observation=obs.text,
+            admissible=list(obs.admissible),
+            history=list(ep.history),
+            step_count=ep.turn,
+            history_length=history_length,
+        )
+
     def prompts(self, slots: Sequence[_Slot]) -> tuple[list[str], list[list[int]]]:
-        texts = []
-        for slot in slots:
-            ep, obs = slot.episode, slot.episode.current
-            text = self.prompt_fn(
-                self.env.prompt_style,
-                task_text=obs.task_text,
-                observation=obs.text,
-                admissible=list(obs.admissible),
-                history=list(ep.history),
-                step_count=ep.turn,
-                history_length=self.history_length,
-            )
-            texts.append(text)
+        """Model inputs of the slots' current turns. A prompt over ``max_prompt_tokens`` first drops
+        its oldest history pairs (the chat header, the task, the current observation and the
+        admissible actions stay); only when no history is left and it is still too long is it cut from
+        the left (counted in ``truncated``)."""
         suffix = CHOOSE_PREFIX if self.mode == "choose" else ""
-        texts, ids, truncated = model_inputs(self.tokenizer, self.chat, texts, self.max_prompt_tokens, suffix)
-        self.truncated += truncated
+        texts = [self._render(slot, self.history_length) for slot in slots]
+        texts, ids, _ = model_inputs(self.tokenizer, self.chat, texts, 1 << 62, suffix)
+        for i, slot in enumerate(slots):
+            if len(ids[i]) <= self.max_prompt_tokens:
+                continue
+            shown = len(slot.episode.history) if self.history_length < 0 else self.history_length
+            for keep in range(min(shown, len(slot.episode.history)) - 1, -1, -1):
+                text, seq, _ = model_inputs(
+                    self.tokenizer, self.chat, [self._render(slot, keep)], 1 << 62, suffix
+                )
+                texts[i], ids[i] = text[0], seq[0]
+                if len(ids[i]) <= self.max_prompt_tokens:
+                    break
+            if len(ids[i]) > self.max_prompt_tokens:  # the last resort: keep the end
+                bare = self._render(slot, 0)
+                text, seq, _ = model_inputs(self.tokenizer, self.chat, [bare], self.max_prompt_tokens, suffix)
+                texts[i], ids[i] = text[0], seq[0]
+                self.truncated += 1
         return texts, ids
 
     def choice_ids(self, choices: Sequence[str]) -> list[list[int]]:
