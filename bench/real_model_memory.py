@@ -88,8 +88,10 @@ def main() -> None:
         config = load_config(ROOT / "configs" / "quickstart.toml", base_overrides(model, args.rows))
         template = create_run(scratch / "template", config)
         run_rollout(template, 0, config)
-        from stages.credit import run_advantage
+        from stages.credit import run_advantage, run_graph, run_solve
 
+        run_graph(template, 0, config)
+        run_solve(template, 0, config)
         run_advantage(template, 0, config)
         rows = template.read(0, "steps").height
         results = {}
