@@ -16,7 +16,9 @@ from schemas import read_table
 from schemas.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = sorted((ROOT / "configs" / "cpu").glob("*.toml"))
+# the tiny-model twins of the GPU configs; a real-model preset (model.path set: household_smollm2)
+# is tested with its model in tests/test_real_model.py
+PRESETS = sorted(p for p in (ROOT / "configs" / "cpu").glob("*.toml") if not load_config(p).model.path)
 # the configs written for a GPU (a real model through vLLM); the CPU ones need no preset
 GPU_CONFIGS = {p.stem for p in (ROOT / "configs").glob("*.toml") if load_config(p).rollout.engine == "vllm"}
 ALFWORLD_DATA = Path(
