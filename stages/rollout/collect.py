@@ -12,6 +12,7 @@ import polars as pl
 
 from schemas.errors import GraftError
 from stages.envs.base import Environment, Episode, StepRecord, Task
+from stages.envs.prompts import episode_prompt
 from stages.policy.engine import STOP_STRINGS, PolicyEngine
 from stages.policy.sampling import choice_log_probs, derive_rng, derive_seed, sample_index
 from stages.progress import terminal_progress
@@ -111,16 +112,7 @@ class _Renderer:
         self._choice_ids: dict[str, list[int]] = {}
 
     def _render(self, slot: _Slot, history_length: int) -> str:
-        ep, obs = slot.episode, slot.episode.current
-        return self.prompt_fn(
-            self.env.prompt_style,
-            task_text=obs.task_text,
-            observation=obs.text,
-            admissible=list(obs.admissible),
-            history=list(ep.history),
-            step_count=ep.turn,
-            history_length=history_length,
-        )
+        return episode_prompt(self.env.prompt_style, slot.episode, history_length, self.prompt_fn)
 
     def prompts(self, slots: Sequence[_Slot]) -> tuple[list[str], list[list[int]]]:
         """Model inputs of the slots' current turns. A prompt over ``max_prompt_tokens`` first drops
