@@ -158,16 +158,22 @@ def _runners_with_checksummed_state() -> dict:
     return {**runners, "update": with_marker}
 
 
+def _pruned_run(tmp_path: Path, iters: int) -> Run:
+    """``iters`` iterations with checksummed optimizer state, keep_last = 1 and keep_every = 2."""
+    config = Config()
+    config.run.eval_every = 0
+    config.checkpoint.keep_last, config.checkpoint.keep_every = 1, 2
+    run = create_run(tmp_path / "r", config)
+    run_loop(run, config, iters, runners=_runners_with_checksummed_state(), prepare=lambda *_: None)
+    return run
+
+
 def test_pruned_optimizer_state_leaves_every_kept_checkpoint_intact(tmp_path: Path) -> None:
     # issue 28 item 1: pruning removed trainer_state/ while the kept checkpoints' markers still listed
     # it, so evaluating or resuming from them failed as "missing from the checkpoint"
     from schemas.rundir import checkpoint_damage, verify_checkpoint
 
-    config = Config()
-    config.run.eval_every = 0
-    config.checkpoint.keep_last, config.checkpoint.keep_every = 1, 2
-    run = create_run(tmp_path / "r", config)
-    run_loop(run, config, 4, runners=_runners_with_checksummed_state(), prepare=lambda *_: None)
+    run = _pruned_run(tmp_path, 4)
     assert run.checkpoint_iterations() == [1, 3]
     assert not (run.checkpoint_dir(1) / TRAINER_STATE_DIR).exists()
     for i in run.checkpoint_iterations():
@@ -189,11 +195,7 @@ def test_force_checks_the_acting_checkpoint_before_it_removes_anything(tmp_path:
     # iteration 2 and its checkpoint, then failed (checkpoint 0, which iteration 1 trains, was pruned)
     from schemas.rundir import guard_recompute
 
-    config = Config()
-    config.run.eval_every = 0
-    config.checkpoint.keep_last, config.checkpoint.keep_every = 1, 2
-    run = create_run(tmp_path / "r", config)
-    run_loop(run, config, 3, runners=_runners_with_checksummed_state(), prepare=lambda *_: None)
+    run = _pruned_run(tmp_path, 3)
     assert run.checkpoint_iterations() == [1, 2]
     for stage in ("update", "rollout"):
         with pytest.raises(
