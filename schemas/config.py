@@ -20,6 +20,10 @@ from typing import Any, Literal
 
 from schemas.errors import GraftError
 
+# A Ray cluster's address (``cluster.address`` besides "" and "auto"): HOST:PORT or ray://HOST:PORT,
+# HOST a name, an IPv4 or a bracketed IPv6 address
+CLUSTER_ADDRESS = re.compile(r"(ray://)?([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}")
+
 # Tasks per split played to collect the tiny model's vocabulary when the environment names no number
 # of its own (its ``vocab_tasks``); docs/rollout.md has the measurement.
 DEFAULT_TINY_VOCAB_TASKS = 8
@@ -145,6 +149,26 @@ class AdvantageConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters for the update (``[update] lora = { r = 16, alpha = 32 }``; docs/lora.md).
+
+    ``r = 0`` trains every weight (full fine-tuning). With ``r >= 1`` only rank-r adapters on
+    ``target_modules`` train, the weights they adapt stay those of the base (the policy the first
+    LoRA update started from), and checkpoints hold only the adapters; the engines act with the
+    merged policy W + (alpha / r) B A, and ``graft export`` writes it as a plain model directory.
+    """
+
+    r: int = 0
+    alpha: float = 16.0
+    # dropout on the adapters' input during the optimizer steps' forward passes only: the scoring
+    # passes (old log-probs, KL probe) run without it, so the first step's ratio is still exactly 1
+    dropout: float = 0.0
+    # module names (suffixes) to adapt; [] = every linear layer of the decoder (peft's "all-linear",
+    # the output head excluded)
+    target_modules: list[str] = field(default_factory=list)
+
+
+@dataclass
 class UpdateConfig:
     """Policy update (SPEC §7)."""
 
@@ -172,6 +196,7 @@ class UpdateConfig:
     # rows (a seeded sample) on which the exact KL(new ‖ old) of each update is measured (metrics
     # policy_kl*, stages.update.policy_kl); their old distributions are kept on the CPU; 0 = off
     kl_probe_rows: int = 128
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -229,6 +254,23 @@ class LogConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Where the loop's rollout runs (SPEC §12, docs/scaling.md "The Ray executor"); like ``[checkpoint]``
+    and ``[log]`` it never changes what a run computes, so a resumed run may switch executors."""
+
+    executor: Literal["local", "ray"] = "local"  # ray: rollout groups on a pool of Ray actors
+    # "" = ray.init()'s default (a new local Ray, or the cluster RAY_ADDRESS names); "auto" = the
+    # cluster this node joined with `ray start`; HOST:PORT or ray://HOST:PORT = that cluster
+    address: str = ""
+    rollout_workers: int = 2  # rollout actors (at most rollout.groups are used: one shard each)
+    worker_cpus: float = 1.0  # Ray CPUs per actor (pin run.torch_threads to it)
+    worker_gpus: float = 0.0  # Ray GPUs per actor (fractions share a GPU)
+    # times Ray restarts a dead rollout actor (and replays its shard) in one loop process; past that
+    # the iteration stops with an error and a rerun of the loop resumes it
+    max_restarts: int = 3
+
+
+@dataclass
 class Config:
     """The whole run configuration."""
 
@@ -244,6 +286,7 @@ class Config:
     sft: SftConfig = field(default_factory=SftConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -273,6 +316,9 @@ def _type_ok(value: Any, annotation: Any) -> tuple[bool, Any]:
         return isinstance(value, str), value
     if origin in (dict,) or annotation is dict:
         return isinstance(value, dict), value
+    if origin is list:
+        (item,) = typing.get_args(annotation) or (Any,)
+        return isinstance(value, list) and all(_type_ok(v, item)[0] for v in value), value
     if origin in (typing.Union, types.UnionType):
         return any(_type_ok(value, a)[0] for a in typing.get_args(annotation)), value
     return True, value
@@ -298,6 +344,8 @@ def _first_non_finite(value: Any, path: str) -> tuple[str, float] | None:
 def _describe(annotation: Any) -> str:
     if typing.get_origin(annotation) is Literal:
         return " | ".join(repr(a) for a in typing.get_args(annotation))
+    if typing.get_origin(annotation) is list:
+        return f"a list of {_describe(typing.get_args(annotation)[0])}"
     return getattr(annotation, "__name__", str(annotation))
 
 
@@ -374,6 +422,12 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
         raise GraftError(
             f"{source}: config key 'graph.time_key' = true needs graph.canonicalize = 'exact' "
             f"(got {config.graph.canonicalize!r}: an embedding does not see the turn index)"
+        )
+    address = config.cluster.address
+    if address not in ("", "auto") and not CLUSTER_ADDRESS.fullmatch(address):
+        raise GraftError(
+            f"{source}: config key 'cluster.address' = {address!r} is invalid; must be '' (start a local "
+            "Ray), 'auto' (the cluster this node joined with ray start), HOST:PORT or ray://HOST:PORT"
         )
     return config
 
@@ -480,6 +534,13 @@ RANGES: dict[str, Rule] = {
     "update.weight_decay": _at_least(0),
     "update.max_tokens_per_batch": _at_least(1),
     "update.kl_probe_rows": _at_least(0),
+    "update.lora.r": _at_least(0),  # 0 = full fine-tuning
+    "update.lora.alpha": _above(0),
+    "update.lora.dropout": ((lambda v: 0 <= v < 1), "must be in [0, 1)"),  # 1 would drop every input
+    "update.lora.target_modules": (
+        lambda v: all(re.fullmatch(r"[\w.]+", name) for name in v),
+        "must be module names (letters, digits, '_' and '.'), e.g. [\"q_proj\", \"v_proj\"]",
+    ),
     "eval.temperature": TEMPERATURE_RULE,
     "eval.group_size": _at_least(1),
     "sft.episodes": _at_least(1),
@@ -498,21 +559,27 @@ RANGES: dict[str, Rule] = {
     "sft.dagger_keep": _within(0, 1),  # a probability
     "checkpoint.keep_last": _at_least(0),  # 0 = keep every checkpoint
     "checkpoint.keep_every": _at_least(0),  # 0 = none
+    "cluster.rollout_workers": _at_least(1),
+    "cluster.worker_cpus": _above(0),
+    "cluster.worker_gpus": _at_least(0),
+    "cluster.max_restarts": _at_least(0),
 }
 
 
-def _check_ranges(config: Config, source: str) -> None:
-    for section in dataclasses.fields(config):
-        values = getattr(config, section.name)
-        for item in dataclasses.fields(values):
-            key = f"{section.name}.{item.name}"
-            rule = RANGES.get(key)
-            if rule is None:
-                continue
-            ok, message = rule
-            value = getattr(values, item.name)
-            if not ok(value):
-                raise GraftError(f"{source}: config key '{key}' = {value!r} is invalid; {message}")
+def _check_ranges(values: Any, source: str, prefix: str = "") -> None:
+    """Every key of ``values`` (a config dataclass, nested tables included) against its RANGES rule."""
+    for item in dataclasses.fields(values):
+        key = f"{prefix}{item.name}"
+        value = getattr(values, item.name)
+        if dataclasses.is_dataclass(value):
+            _check_ranges(value, source, f"{key}.")
+            continue
+        rule = RANGES.get(key)
+        if rule is None:
+            continue
+        ok, message = rule
+        if not ok(value):
+            raise GraftError(f"{source}: config key '{key}' = {value!r} is invalid; {message}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -149,14 +149,15 @@ def test_non_finite_numbers_inside_option_tables_are_refused():
         load_config(None, ["env.options={ weights = [1.0, nan] }"])
 
 
-def _numeric_keys() -> list[str]:
-    hints = typing.get_type_hints(Config)
+def _numeric_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every int/float key, nested tables (``update.lora.r``) included."""
+    hints = typing.get_type_hints(cls)
     keys = []
-    for section in dataclasses.fields(Config):
-        section_hints = typing.get_type_hints(hints[section.name])
-        for item in dataclasses.fields(hints[section.name]):
-            if section_hints[item.name] in (int, float):
-                keys.append(f"{section.name}.{item.name}")
+    for item in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[item.name]):
+            keys += _numeric_keys(hints[item.name], f"{prefix}{item.name}.")
+        elif hints[item.name] in (int, float):
+            keys.append(f"{prefix}{item.name}")
     return keys
 
 
@@ -164,23 +165,29 @@ def test_every_number_has_a_range_rule():
     """A new int/float key must say its range in RANGES (the one place settings are checked)."""
     missing = [key for key in _numeric_keys() if key not in RANGES]
     assert not missing, missing
-    assert not set(RANGES) - set(_numeric_keys()) - {"run.name"}
+    text_rules = {"run.name", "update.lora.target_modules"}
+    assert not set(RANGES) - set(_numeric_keys()) - text_rules
+
+
+def _setting(tree: object, key: str) -> object:
+    for part in key.split("."):
+        tree = tree[part] if isinstance(tree, dict) else getattr(tree, part)
+    return tree
 
 
 @given(key=st.sampled_from(sorted(RANGES)), value=st.floats(allow_nan=False, allow_infinity=False))
 def test_range_rules_accept_exactly_what_they_describe(key, value):
     """Property: a value the rule accepts loads; one it refuses raises a GraftError naming the key."""
-    if key in ("run.name", "model.tiny_hidden", "model.tiny_heads"):  # the latter two: a cross-key rule too
-        return
+    if key in ("run.name", "model.tiny_hidden", "model.tiny_heads", "update.lora.target_modules"):
+        return  # text rules; the latter two numbers have a cross-key rule too
     ok, _ = RANGES[key]
-    default = dataclasses.asdict(Config())
-    section, name = key.split(".")
-    number = int(value) if isinstance(default[section][name], int) and abs(value) < 2**62 else value
-    if isinstance(default[section][name], int) and not isinstance(number, int):
+    default = _setting(dataclasses.asdict(Config()), key)
+    number = int(value) if isinstance(default, int) and abs(value) < 2**62 else value
+    if isinstance(default, int) and not isinstance(number, int):
         return
     literal = repr(number)
     if ok(number):
-        assert getattr(getattr(load_config(None, [f"{key}={literal}"]), section), name) == number
+        assert _setting(load_config(None, [f"{key}={literal}"]), key) == number
     else:
         with pytest.raises(GraftError, match=f"'{re.escape(key)}' = "):
             load_config(None, [f"{key}={literal}"])
@@ -248,3 +255,30 @@ def test_the_config_writer_quotes_keys_that_are_not_bare() -> None:
     text = config.to_toml()
     assert config_from_dict(tomllib.loads(text)).env.options == config.env.options
     assert config_from_dict(tomllib.loads(text)) == config
+
+
+def test_lora_table_is_validated_where_it_is_defined(tmp_path):
+    """``[update] lora = {...}``: nested keys are checked like the others, and the table round-trips."""
+    config = load_config(None, ["update.lora={ r = 8, alpha = 16.0, target_modules = ['q_proj', 'v_proj'] }"])
+    assert (config.update.lora.r, config.update.lora.target_modules) == (8, ["q_proj", "v_proj"])
+    path = tmp_path / "resolved.toml"
+    path.write_text(config.to_toml())
+    assert load_config(path) == config
+    with pytest.raises(GraftError, match=r"'update.lora.r' = -1 is invalid; must be >= 0"):
+        load_config(None, ["update.lora.r=-1"])
+    with pytest.raises(GraftError, match=r"'update.lora.dropout' = 1.0 is invalid; must be in \[0, 1\)"):
+        load_config(None, ["update.lora.dropout=1.0"])
+    with pytest.raises(
+        GraftError, match=r"'update.lora.target_modules' = \[1\] is invalid; expected a list of str"
+    ):
+        load_config(None, ["update.lora.target_modules=[1]"])
+    with pytest.raises(
+        GraftError, match=r"'update.lora.target_modules' = \['q proj'\] is invalid; must be module"
+    ):
+        load_config(None, ["update.lora.target_modules=['q proj']"])
+    with pytest.raises(
+        GraftError, match=r"unknown config key 'update.lora.rank'; valid keys in \[update.lora\]"
+    ):
+        load_config(None, ["update.lora.rank=4"])
+    with pytest.raises(GraftError, match=r"'update.lora.alpha' = inf is invalid; numbers must be finite"):
+        load_config(None, ["update.lora.alpha=inf"])

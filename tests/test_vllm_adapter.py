@@ -249,3 +249,45 @@ def test_rollout_through_the_adapter_gives_a_valid_table(models) -> None:
         expected = [fake_logprob(start + i, t) for i, t in enumerate(row["response_ids"])]
         np.testing.assert_allclose(row["response_logprobs"], expected, rtol=1e-6)
         assert row["action"] in row["choices"]
+
+
+@pytest.mark.parametrize("reload", ["fresh", "reload_weights"])
+def test_a_lora_checkpoint_is_served_as_its_merged_policy(models, tmp_path, reload) -> None:
+    # issue 26 item 2: vLLM acts with the merged policy of a LoRA checkpoint (a plain model directory)
+    pytest.importorskip("peft")
+    import torch
+    from peft import get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from schemas.config import LoraConfig
+    from stages.update.checkpoint import save_adapters
+    from stages.update.lora import peft_config
+
+    base = AutoModelForCausalLM.from_pretrained(models[0], dtype=torch.float32)
+    torch.manual_seed(0)
+    adapters = get_peft_model(base, peft_config(LoraConfig(r=2, alpha=4.0)))
+    with torch.no_grad():
+        for name, param in adapters.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.1)
+    checkpoint = tmp_path / "run" / "checkpoints" / "iter_0000"
+    checkpoint.mkdir(parents=True)
+    save_adapters(checkpoint, checkpoint, adapters, models[0])
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (checkpoint / name).write_bytes((models[0] / name).read_bytes())
+    merged = {k: v.clone() for k, v in adapters.merge_and_unload().state_dict().items()}
+
+    engine = VLLMEngine(models[0], "initial", EngineOptions(extra={"reload": reload}), vllm_module=fake_vllm)
+    engine.load(checkpoint, "iter_0000")
+    llm = FakeLLM.instances[-1]
+    served = Path(llm.kwargs["model"]) if reload == "fresh" else Path(engine.staging) / "model"
+    assert served != checkpoint and not (served / "adapter_config.json").exists()
+    weights = load_file(str(served / "model.safetensors"))
+    assert weights.keys() <= merged.keys()
+    for key, value in weights.items():
+        torch.testing.assert_close(value, merged[key], msg=key)
+    assert engine.policy_version == "iter_0000" and engine.prompt_format == "raw"
+    merged_dir = engine.merged
+    engine.close()
+    assert merged_dir is not None and not merged_dir.exists()

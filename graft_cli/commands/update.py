@@ -1,4 +1,5 @@
-"""``graft update RUN --iter I``: the policy update stage (SPEC §7).
+"""``graft update RUN --iter I``: the policy update stage (SPEC §7); ``graft export``: a checkpoint
+as a plain model directory.
 
 Under ``torchrun --nproc_per_node K $(which graft) update RUN --iter I`` the same command shards each
 minibatch across K processes (DDP; ``--set update.parallel=fsdp`` for FSDP2); rank 0 writes.
@@ -66,3 +67,17 @@ def register(app: typer.Typer) -> None:
             + ", ".join(f"{k}={values[k]:.4g}" for k in shown if k in values)
             + f" -> {run.checkpoint_dir(iteration)}"
         )
+
+    @app.command("export")
+    def export(
+        run_dir: Path = typer.Argument(..., help="Run directory (holds config.toml)."),
+        out: Path = typer.Option(..., "-o", "--out", help="New directory for the exported model."),
+        iteration: int = typer.Option(
+            -1, "--iter", help="Iteration whose checkpoint to export (default: the newest)."
+        ),
+    ) -> None:
+        """Write a checkpoint's policy as a plain Hugging Face model directory (LoRA adapters merged in)."""
+        from stages.policy.export import export_checkpoint
+
+        exported, source = export_checkpoint(run_dir, iteration, out)
+        typer.echo(f"exported {source} -> {exported}")

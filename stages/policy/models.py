@@ -32,6 +32,13 @@ def check_model_dir(path: str | Path) -> Path:
                 f"models/{text.split('/')[-1]}) and set model.path to that directory"
             )
         raise GraftError(f"{path}: model directory not found")
+    from stages.policy.adapters import ADAPTER_WEIGHTS, adapter_base, is_adapter_dir
+
+    if is_adapter_dir(path):  # a LoRA checkpoint: its adapters and the base they adapt
+        if not (path / ADAPTER_WEIGHTS).is_file():
+            raise GraftError(f"{path}: LoRA checkpoint without {ADAPTER_WEIGHTS}")
+        adapter_base(path)
+        return path
     if not (path / "config.json").is_file():
         raise GraftError(f"{path}: not a Hugging Face model directory (no config.json)")
     if not any(path.glob("*.safetensors")):
@@ -73,9 +80,15 @@ def load_causal_lm(
     dtype: str = "auto",
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """Load a causal LM from safetensors in eval mode on ``device``."""
+    """Load a causal LM from safetensors in eval mode on ``device`` (a LoRA checkpoint: its base with
+    the adapters merged into the weights)."""
     path = check_model_dir(path)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
+    from stages.policy.adapters import is_adapter_dir, merged_model
+
+    if is_adapter_dir(path):
+        merged = merged_model(path, trust_remote_code=trust_remote_code)
+        return merged.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path,

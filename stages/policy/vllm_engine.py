@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from schemas.errors import GraftError
+from stages.policy.adapters import export_merged, is_adapter_dir
 from stages.policy.engine import STOP_STRINGS, EngineOptions, Generation, check_seeds
 from stages.policy.models import check_model_dir, load_tokenizer
 
@@ -98,6 +99,7 @@ class VLLMEngine:
         self.llm: Any = None
         self.model_dir: Path | None = None
         self.staging: Path | None = None
+        self.merged: Path | None = None  # the merged policy of a LoRA checkpoint (a temporary directory)
         self.policy_version = version
         self.load(model_dir, version)
 
@@ -123,16 +125,28 @@ class VLLMEngine:
         self.policy_version = version
         if self.model_dir is not None and model_dir.resolve() == self.model_dir.resolve():
             return
+        served = self._servable(model_dir)
         if self.llm is None or self.reload_mode == "fresh":
-            self._start(model_dir)
+            self._start(served)
         else:
-            self._reload(model_dir)
+            self._reload(served)
         self.model_dir = model_dir
-        self.tokenizer = load_tokenizer(model_dir, self.options.trust_remote_code)
-        self.prompt_format = self._prompt_format(model_dir)
+        self.tokenizer = load_tokenizer(served, self.options.trust_remote_code)
+        self.prompt_format = self._prompt_format(served)
+
+    def _servable(self, model_dir: Path) -> Path:
+        """``model_dir`` itself, or for a LoRA checkpoint its merged policy written to a temporary
+        directory (docs/lora.md: one plain model per iteration, so vLLM runs it at full-model speed;
+        LoRA requests were not measured -- no GPU here)."""
+        if not is_adapter_dir(model_dir):
+            return model_dir
+        if self.merged is not None:
+            shutil.rmtree(self.merged, ignore_errors=True)
+        self.merged = Path(tempfile.mkdtemp(prefix="graft-vllm-merged-"))
+        return export_merged(model_dir, self.merged / "model", self.options.trust_remote_code)
 
     def _start(self, model_dir: Path) -> None:
-        self.close()
+        self._close_llm()  # not close(): a LoRA checkpoint's merged directory is what it will serve
         serve_from = model_dir
         if self.reload_mode == "reload_weights":
             self.staging = Path(tempfile.mkdtemp(prefix="graft-vllm-"))
@@ -159,6 +173,12 @@ class VLLMEngine:
         return "chat" if getattr(self.tokenizer, "chat_template", None) else "raw"
 
     def close(self) -> None:
+        self._close_llm()
+        if self.merged is not None:
+            shutil.rmtree(self.merged, ignore_errors=True)
+            self.merged = None
+
+    def _close_llm(self) -> None:
         if self.llm is not None:
             self.llm = None
             gc.collect()

@@ -1,6 +1,7 @@
 """Loading policies and writing checkpoints (SPEC §6, §7; docs/design.md "Checkpoints").
 
-A checkpoint is a Hugging Face directory ``checkpoints/iter_NNNN/``: ``config.json``,
+A checkpoint is a Hugging Face directory ``checkpoints/iter_NNNN/`` (with ``update.lora``: a peft
+adapter directory instead of the weights, stages/policy/adapters.py): ``config.json``,
 ``model.safetensors`` (float32 master weights: an lr of 1e-6 would vanish in bf16 rounding between
 iterations), ``generation_config.json``, the tokenizer files, ``trainer_state/`` (AdamW moments as
 safetensors + ``state.json``, in a subdirectory so that vLLM's ``*.safetensors`` glob of the top
@@ -171,6 +172,21 @@ def without_tied_duplicates(
     return {name: tensor for name, tensor in state.items() if name not in duplicates}
 
 
+def save_adapters(tmp: Path, final: Path, adapters: Any, base: Path | None) -> None:
+    """The adapters of ``adapters`` (a peft model) into ``tmp``, with the base named the way
+    ``recorded_base`` puts it for a checkpoint at ``final``."""
+    from stages.policy.adapters import ADAPTER_CONFIG, BASE_KEY, recorded_base
+
+    if base is None:
+        raise ValueError("a LoRA checkpoint needs its base directory")
+    adapters.save_pretrained(tmp, safe_serialization=True)
+    (tmp / "README.md").unlink(missing_ok=True)  # peft's model card template
+    config_path = tmp / ADAPTER_CONFIG
+    adapter_config = json.loads(config_path.read_text())
+    adapter_config[BASE_KEY] = recorded_base(final, base)
+    atomic_write_text(config_path, json.dumps(adapter_config, indent=2, sort_keys=True))
+
+
 def save_checkpoint(
     final: Path,
     model: torch.nn.Module,
@@ -179,16 +195,22 @@ def save_checkpoint(
     model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, torch.Tensor] | None = None,
     trainer_state: dict[str, Any] | None = None,
+    adapters: Any | None = None,
+    adapter_base: Path | None = None,
 ) -> Path:
     """Write a complete checkpoint at ``final`` atomically (fill a temporary sibling, marker last,
     rename). ``model`` is the unwrapped Hugging Face model; ``model_state`` overrides its tensors
-    (the gathered full state of a sharded model)."""
+    (the gathered full state of a sharded model). With ``adapters`` (a peft model) only the adapters
+    are written, naming ``adapter_base`` as their base (stages/policy/adapters.py)."""
     _quiet_transformers()
     if model_state is not None:
         model_state = without_tied_duplicates(model, model_state)
     tmp = atomic_dir(final)
     try:
-        model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
+        if adapters is not None:
+            save_adapters(tmp, final, adapters, adapter_base)
+        else:
+            model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
             portable_tokenizer_files(tmp)

@@ -47,6 +47,7 @@ from stages.update.checkpoint import (
     save_checkpoint,
 )
 from stages.update.distributed import DistContext, init_distributed, unwrap, wrap_model
+from stages.update.lora import adapter_dropout, lora_policy, trainable_parameters
 from stages.update.policy_kl import exact_kl, kl_summary, probe_indices, row_distributions
 from stages.update.trainer import RowLogProbs, TrainResult, score_all_rows, train_policy
 
@@ -290,7 +291,18 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
         ref = reference_logprobs(run, iteration, rows, config, ctx, temperature)
     ref_seconds = time.perf_counter() - t_ref
 
-    model = load_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
+    adapters, lora_base = None, None
+    if cfg.lora.r > 0:
+        if ctx.distributed and cfg.parallel == "fsdp":
+            raise GraftError(
+                "update.lora needs update.parallel = 'ddp' under torchrun (FSDP2 + LoRA is not supported)"
+            )
+        # the peft model owns the adapters (saved alone); the trainer sees the Hugging Face model inside,
+        # whose adapted layers now compute W x + (alpha / r) B A x
+        adapters, lora_base = lora_policy(policy_path, cfg.lora, config.model.trust_remote_code)
+        model = adapters.get_base_model().to(ctx.device).eval()
+    else:
+        model = load_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
     if cfg.master_dtype == "bfloat16":  # weights, gradients and AdamW moments in bf16: half the memory
         model = model.to(torch.bfloat16)
     if cfg.gradient_checkpointing:
@@ -309,7 +321,7 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
         )
     model = wrap_model(model, ctx, cfg.parallel)
     # the optimizer takes the (sharded) parameters before any forward pass
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
     old = old_logprobs(model, rows, config, ctx, temperature, use_stored)
     old_seconds = time.perf_counter() - t_old
     probe = probe_indices(rows.n, cfg.kl_probe_rows, update_rng(config.run.seed, iteration, "kl-probe"))
@@ -338,19 +350,20 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
             show(done, f"loss {metrics['loss']:.4g}")
 
     try:
-        result = train_policy(
-            model,
-            rows,
-            old,
-            ref,
-            cfg,
-            temperature,
-            update_rng(config.run.seed, iteration),
-            ctx,
-            optimizer,
-            global_step,
-            on_step=on_step,
-        )
+        with adapter_dropout(model):  # no-op without LoRA dropout
+            result = train_policy(
+                model,
+                rows,
+                old,
+                ref,
+                cfg,
+                temperature,
+                update_rng(config.run.seed, iteration),
+                ctx,
+                optimizer,
+                global_step,
+                on_step=on_step,
+            )
     finally:
         if close is not None:
             close()
@@ -359,7 +372,8 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
         exact_kl(row_distributions(model, rows, probe, temperature), probe_before), probe_tokens
     )
     del probe_before
-    model_state = gather_model_state(unwrap(model), keep=ctx.is_main)
+    # a LoRA checkpoint is the adapters alone (peft saves them from the peft model)
+    model_state = gather_model_state(unwrap(model), keep=ctx.is_main) if adapters is None else None
     optimizer_state = gather_optimizer_state(unwrap(model), optimizer, keep=ctx.is_main)
     if ctx.is_main:
         summary = summarize(
@@ -402,6 +416,8 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
             "rows": rows.n,
             "world_size": ctx.world_size,
         }
+        if adapters is not None:
+            marker["lora"] = {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "base": str(lora_base)}
         save_checkpoint(
             run.checkpoint_dir(iteration),
             unwrap(model),
@@ -410,5 +426,7 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
             model_state=model_state,
             optimizer_state=optimizer_state,
             trainer_state={"global_step": result.global_step, "iteration": iteration},
+            adapters=adapters,
+            adapter_base=lora_base,
         )
     ctx.barrier()

@@ -1,0 +1,98 @@
+"""LoRA for the update (``update.lora.r >= 1``; docs/lora.md): which weights train, and from where.
+
+W' = W + (alpha / r) B A on every adapted linear layer (Hu et al. 2021): A (r x in) starts random,
+B (out x r) starts at zero, so the first update starts exactly at the base policy. Only A and B
+train (and get AdamW moments); W stays the base's. The adapters carry over from iteration to
+iteration -- a LoRA checkpoint holds the adapters trained so far, and the next update loads the base
+it names and continues them.
+
+The base is the policy the first LoRA update started from: the initial policy, or a full checkpoint
+when LoRA was switched on later in a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from schemas.config import LoraConfig
+from schemas.errors import GraftError
+from stages.policy.adapters import ADAPTER_CONFIG, adapter_base, attach_adapter, is_adapter_dir
+from stages.update.checkpoint import load_model
+
+
+def peft_config(cfg: LoraConfig) -> Any:
+    """The peft ``LoraConfig`` of ``update.lora`` (no bias terms trained)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules) or "all-linear",
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def check_saved_settings(checkpoint: Path, cfg: LoraConfig) -> None:
+    """A resumed LoRA run must ask for the adapters it has (a changed r or alpha would be ignored)."""
+    saved = json.loads((checkpoint / ADAPTER_CONFIG).read_text())
+    for key, peft_key in (("r", "r"), ("alpha", "lora_alpha")):
+        if float(saved.get(peft_key, float("nan"))) != float(getattr(cfg, key)):
+            raise GraftError(
+                f"update.lora.{key} = {getattr(cfg, key)} but {checkpoint} holds adapters trained with "
+                f"{key} = {saved.get(peft_key)} (start a new run, or set it back)"
+            )
+
+
+def lora_policy(policy: Path, cfg: LoraConfig, trust_remote_code: bool = False) -> tuple[Any, Path]:
+    """The peft model to train and the base directory it adapts.
+
+    ``policy``: a LoRA checkpoint (its adapters continue, on the base it names) or a full model
+    directory (it becomes the base; new adapters, initialized from torch's current seed).
+    """
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        # peft asks transformers 5 for is_gradient_checkpointing, which warns that it is renamed
+        warnings.simplefilter("ignore", FutureWarning)
+        if is_adapter_dir(policy):
+            check_saved_settings(policy, cfg)
+            base = adapter_base(policy)
+            adapters = attach_adapter(load_model(base, trust_remote_code), policy, trainable=True)
+        else:
+            base = policy
+            try:
+                adapters = get_peft_model(load_model(policy, trust_remote_code), peft_config(cfg))
+            except ValueError as exc:  # e.g. target modules the model does not have
+                raise GraftError(f"update.lora: {str(exc).splitlines()[0]}") from None
+    for setting in adapters.peft_config.values():  # absolute while in use (the saved one is relative)
+        setting.base_model_name_or_path = str(Path(base).resolve())
+    return adapters, base
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer steps (all of them without LoRA; the adapters with it)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+@contextlib.contextmanager
+def adapter_dropout(model: torch.nn.Module) -> Iterator[int]:
+    """Switch the adapters' dropout on for the optimizer steps (the model itself stays in eval mode,
+    see stages/update/trainer.py); yields how many dropout modules were switched."""
+    modules = [m for name, m in model.named_modules() if ".lora_dropout." in name and m.training is False]
+    modules = [m for m in modules if isinstance(m, torch.nn.Dropout)]
+    for module in modules:
+        module.train()
+    try:
+        yield len(modules)
+    finally:
+        for module in modules:
+            module.eval()

@@ -1,0 +1,300 @@
+"""LoRA updates (issue 26 item 2): only the adapters train and are saved, the engines act with the
+merged policy, adapter gradients follow the chain rule through W' = W + s B A, and ``graft export``
+writes a model that reloads to the same log-probs."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from schemas import write_table
+from schemas.config import LoraConfig, UpdateConfig
+from schemas.errors import GraftError
+from schemas.rundir import CHECKPOINT_MARKER
+from tests.test_update_trainer import (
+    ACTIONS,
+    TEXTS,
+    _rows_for,
+    _table,
+    make_run,
+    make_tokenizer,
+)
+
+pytest.importorskip("peft")
+torch.set_num_threads(1)
+
+LORA = LoraConfig(r=4, alpha=8.0)
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()
+    }
+
+
+def _logprobs(model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
+    from stages.update.logprobs import response_log_probs
+
+    with torch.no_grad():
+        logp, mask, _ = response_log_probs(model, prompts, responses)
+    return logp * mask
+
+
+def _probe():
+    tok = make_tokenizer()
+    prompts = [tok.encode(TEXTS[0], add_special_tokens=False)] * 3
+    responses = [tok.encode(a, add_special_tokens=False) for a in ACTIONS[:3]]
+    return prompts, responses
+
+
+def test_a_lora_update_trains_and_saves_only_the_adapters(tmp_path):
+    from stages.policy.adapters import ADAPTER_CONFIG, BASE_KEY, is_adapter_dir
+    from stages.policy.models import load_causal_lm
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path, "choose", lora=LORA)
+    base_files = _digest(run.initial_model_dir)
+    run_update(run, 0, config)
+    checkpoint = run.checkpoint_dir(0)
+    assert is_adapter_dir(checkpoint)
+    assert not (checkpoint / "model.safetensors").exists()
+    adapter = load_file(str(checkpoint / "adapter_model.safetensors"))
+    assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)
+    moments = load_file(str(checkpoint / "trainer_state" / "optimizer.safetensors"))
+    assert moments and all(".lora_" in k for k in moments)  # AdamW state for the adapters only
+    assert _digest(run.initial_model_dir) == base_files  # the base on disk is untouched
+    assert json.loads((checkpoint / ADAPTER_CONFIG).read_text())[BASE_KEY] == "../../model"
+    marker = json.loads((checkpoint / CHECKPOINT_MARKER).read_text())
+    assert marker["lora"] == {"r": 4, "alpha": 8.0, "base": str(run.initial_model_dir)}
+    # B moved off zero, so the merged policy the engines act with is not the base
+    assert any(v.abs().max() > 0 for k, v in adapter.items() if ".lora_B." in k)
+    prompts, responses = _probe()
+    base = load_causal_lm(run.initial_model_dir)
+    merged = load_causal_lm(checkpoint)
+    assert not torch.allclose(_logprobs(base, prompts, responses), _logprobs(merged, prompts, responses))
+    # merged weights are W + (alpha / r) B A, layer by layer, and every other weight is the base's
+    base_state, merged_state = base.state_dict(), merged.state_dict()
+    assert base_state.keys() == merged_state.keys()
+    folded = 0
+    for name, weight in base_state.items():
+        a_key = next((k for k in adapter if k.endswith(name.replace(".weight", ".lora_A.weight"))), None)
+        if a_key is None:
+            assert torch.equal(merged_state[name], weight), name
+            continue
+        b = adapter[a_key.replace("lora_A", "lora_B")]
+        expected = weight + (LORA.alpha / LORA.r) * b @ adapter[a_key]
+        torch.testing.assert_close(merged_state[name], expected, rtol=1e-5, atol=1e-6)
+        folded += 1
+    assert folded > 0
+    table = _table(run)
+    assert table[(-1, -1, "policy_kl")] > 0 and table[(0, 0, "ratio_mean")] == pytest.approx(1.0, abs=1e-6)
+
+
+class RecordingOptimizer:
+    """Stands in for AdamW: keeps each step's gradients (by parameter name) and changes nothing."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.param_groups = [{"lr": 0.0, "params": [p for _, p in self.named]}]
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def step(self) -> None:
+        self.grads.append({n: p.grad.detach().clone() for n, p in self.named if p.grad is not None})
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for _, p in self.named:
+            p.grad = None
+
+
+def _one_step_grads(model: torch.nn.Module, rows) -> dict[str, torch.Tensor]:
+    from stages.update.distributed import DistContext
+    from stages.update.trainer import score_all_rows, train_policy
+
+    cfg = UpdateConfig(lr=0.0, minibatch_size=rows.n, epochs=1, beta=0.0, grad_clip=0.0)
+    ctx = DistContext()
+    old = score_all_rows(model, rows, 1.0, cfg.max_tokens_per_batch, ctx)
+    optimizer = RecordingOptimizer(model)
+    train_policy(model, rows, old, None, cfg, 1.0, np.random.default_rng(0), ctx, optimizer)  # type: ignore[arg-type]
+    (grads,) = optimizer.grads
+    return grads
+
+
+@pytest.mark.parametrize("mode", ["generate", "choose"])
+def test_adapter_gradients_follow_the_chain_rule_of_the_merged_weights(mode):
+    """Reference: with W' = W + s B A, dL/dB = s G A^T and dL/dA = s B^T G, where G = dL/dW' is the
+    gradient a full fine-tune of the merged model takes on the same batch (same objective)."""
+    from peft import get_peft_model
+
+    from stages.policy.tiny import TinySpec, random_qwen2
+    from stages.update.lora import peft_config
+
+    tok = make_tokenizer()
+    base = random_qwen2(tok, spec=TinySpec(hidden=32, layers=2, heads=2, max_positions=512), seed=3).eval()
+    torch.manual_seed(0)
+    peft_model = get_peft_model(copy.deepcopy(base), peft_config(LoraConfig(r=4, alpha=8.0)))
+    with torch.no_grad():  # B starts at zero (then dL/dA = 0): give it a value so both factors are tested
+        for name, param in peft_model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.05)
+    lora_model = peft_model.get_base_model()
+    merged = copy.deepcopy(peft_model).merge_and_unload().eval()
+    merged.requires_grad_(True)
+
+    prompt = tok.encode(TEXTS[0], add_special_tokens=False)
+    actions = [tok.encode(a, add_special_tokens=False) for a in ACTIONS]
+    if mode == "generate":
+        rows = _rows_for([prompt] * 4, actions[:4], [1.0, -0.5, 0.3, -1.2])
+    else:
+        choices = [actions[:3], actions[2:5], actions[1:4], actions[4:7]]
+        rows = _rows_for([prompt] * 4, [c[1] for c in choices], [1.0, -0.5, 0.3, -1.2], choices=choices)
+
+    got = _one_step_grads(lora_model, rows)
+    full = _one_step_grads(merged, rows)
+    scale = 8.0 / 4
+    checked = 0
+    for name, a_grad in got.items():
+        if ".lora_A." not in name:
+            continue
+        layer = name.split(".lora_A.")[0]
+        modules = dict(lora_model.named_modules())
+        a = modules[layer].lora_A["default"].weight.detach()
+        b = modules[layer].lora_B["default"].weight.detach()
+        g = full[f"{layer}.weight"]
+        torch.testing.assert_close(a_grad, scale * b.T @ g, rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(
+            got[name.replace("lora_A", "lora_B")], scale * g @ a.T, rtol=1e-4, atol=1e-7, msg=name
+        )
+        checked += 1
+    assert checked == 14  # q, k, v, o, gate, up, down in both layers ("all-linear")
+    assert all(".lora_" in n for n in got)  # nothing else has a gradient
+
+
+def test_the_next_lora_update_continues_the_adapters_on_the_same_base(tmp_path):
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path, "choose", lora=LORA)
+    run_update(run, 0, config)
+    for table in ("steps", "advantages"):
+        write_table(run.read(0, table), table, run.table_path(1, table))
+    run_update(run, 1, config)
+    marker = json.loads((run.checkpoint_dir(1) / CHECKPOINT_MARKER).read_text())
+    assert marker["trained_from"] == str(run.checkpoint_dir(0))
+    assert marker["global_step"] == 12  # the adapters' AdamW state carried over (6 steps per iteration)
+    assert marker["lora"]["base"] == str(run.initial_model_dir)
+    a0 = load_file(str(run.checkpoint_dir(0) / "adapter_model.safetensors"))
+    a1 = load_file(str(run.checkpoint_dir(1) / "adapter_model.safetensors"))
+    assert a0.keys() == a1.keys() and any(not torch.equal(a0[k], a1[k]) for k in a0)
+    # a different rank cannot silently continue these adapters
+    config.update.lora = LoraConfig(r=8, alpha=8.0)
+    for table in ("steps", "advantages"):
+        write_table(run.read(0, table), table, run.table_path(2, table))
+    with pytest.raises(
+        GraftError, match=r"update.lora.r = 8 but .*iter_0001 holds adapters trained with r = 4"
+    ):
+        run_update(run, 2, config)
+
+
+def test_a_moved_run_still_finds_its_lora_base(tmp_path):
+    from stages.policy.models import load_causal_lm
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path / "a", "choose", lora=LORA)
+    run_update(run, 0, config)
+    prompts, responses = _probe()
+    before = _logprobs(load_causal_lm(run.checkpoint_dir(0)), prompts, responses)
+    moved = tmp_path / "b"
+    shutil.move(run.root, moved)
+    after = _logprobs(load_causal_lm(moved / "checkpoints" / "iter_0000"), prompts, responses)
+    torch.testing.assert_close(after, before)
+    shutil.rmtree(moved / "model")
+    with pytest.raises(GraftError, match=r"iter_0000: the base model of this LoRA checkpoint is missing"):
+        load_causal_lm(moved / "checkpoints" / "iter_0000")
+
+
+def test_export_writes_a_plain_model_that_scores_like_the_checkpoint(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from graft_cli.app import app
+    from stages.policy.models import load_causal_lm
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path / "run", "generate", lora=LORA)
+    run_update(run, 0, config)
+    out = tmp_path / "exported"
+    result = CliRunner().invoke(app, ["export", str(run.root), "--iter", "0", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "exported" in result.output and str(out) in result.output
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    assert not (out / "adapter_config.json").exists() and not (out / CHECKPOINT_MARKER).exists()
+    assert not (out / "trainer_state").exists()
+    prompts, responses = _probe()
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    unmerged = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(run.initial_model_dir, dtype=torch.float32),
+        run.checkpoint_dir(0),
+    ).eval()  # the adapters applied as the update trained them, not folded in
+    want = _logprobs(unmerged, prompts, responses)
+    torch.testing.assert_close(_logprobs(exported, prompts, responses), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        _logprobs(load_causal_lm(run.checkpoint_dir(0)), prompts, responses), want, rtol=1e-5, atol=1e-5
+    )
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(out).encode("go to kitchen") == make_tokenizer().encode(
+        "go to kitchen"
+    )
+    # an existing output is refused with one line; the newest checkpoint is the default
+    again = CliRunner().invoke(app, ["export", str(run.root), "-o", str(out)])
+    assert again.exit_code == 2 and "exists and is not an empty directory" in again.output
+    missing = CliRunner().invoke(app, ["export", str(run.root), "--iter", "3", "-o", str(tmp_path / "x")])
+    assert missing.exit_code == 2 and "iter_0003: not a complete checkpoint" in missing.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_export_of_a_full_checkpoint_copies_its_weights(tmp_path):
+    from stages.policy.export import export_checkpoint
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path / "run", "choose")
+    run_update(run, 0, config)
+    out, source = export_checkpoint(run.root, -1, tmp_path / "full")
+    assert source == run.checkpoint_dir(0)
+    assert (out / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+    assert not (out / CHECKPOINT_MARKER).exists() and not (out / "trainer_state").exists()
+
+
+def test_lora_dropout_is_on_only_for_the_optimizer_steps():
+    from peft import get_peft_model
+
+    from stages.policy.tiny import TinySpec, random_qwen2
+    from stages.update.lora import adapter_dropout, peft_config
+
+    base = random_qwen2(
+        make_tokenizer(), spec=TinySpec(hidden=32, layers=1, heads=2, max_positions=512), seed=0
+    )
+    model = get_peft_model(base.eval(), peft_config(LoraConfig(r=2, alpha=2.0, dropout=0.5))).eval()
+    dropouts = [m for n, m in model.named_modules() if ".lora_dropout." in n]
+    assert dropouts and not any(m.training for m in dropouts)
+    with adapter_dropout(model) as switched:
+        assert switched == len(dropouts) == 7 and all(m.training for m in dropouts)
+        assert not any(m.training for n, m in model.named_modules() if ".lora_dropout." not in n)
+    assert not any(m.training for m in dropouts)
+
+
+def test_unknown_target_modules_are_one_line(tmp_path):
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path, "choose", lora=LoraConfig(r=2, target_modules=["qkv_proj"]))
+    with pytest.raises(GraftError, match=r"update.lora: .*qkv_proj"):
+        run_update(run, 0, config)
+    assert not run.checkpoint_dir(0).exists()
