@@ -298,3 +298,79 @@ def test_unknown_target_modules_are_one_line(tmp_path):
     with pytest.raises(GraftError, match=r"update.lora: .*qkv_proj"):
         run_update(run, 0, config)
     assert not run.checkpoint_dir(0).exists()
+
+
+def _micro_lora(root: Path, extra: list[str]):
+    from schemas.config import load_config
+    from schemas.rundir import create_run
+    from tests.test_loop import CONFIGS, MICRO
+
+    config = load_config(CONFIGS / "quickstart.toml", [*MICRO, "run.eval_every=0", *extra])
+    return create_run(root, config), config
+
+
+def test_a_lora_loop_acts_with_the_merged_adapters(tmp_path, monkeypatch):
+    import stages.update.lora as lora
+    from stages.loop import run_loop
+    from stages.policy.adapters import is_adapter_dir
+    from stages.policy.models import load_causal_lm
+    from stages.update.logprobs import response_log_probs
+
+    make_config = lora.peft_config
+
+    def random_adapters(cfg: LoraConfig):  # B != 0 from the start: the micro run's advantages are all 0
+        setting = make_config(cfg)
+        setting.init_lora_weights = False
+        return setting
+
+    monkeypatch.setattr(lora, "peft_config", random_adapters)
+    run, config = _micro_lora(tmp_path / "run", ["update.lora.r=4", "update.lora.alpha=8.0"])
+    run_loop(run, config, 2)
+    assert all(is_adapter_dir(run.checkpoint_dir(i)) for i in (0, 1))
+    steps = run.read(1, "steps")
+    assert set(steps["policy_version"].to_list()) == {"iter_0000"}
+    # the rollout of iteration 1 stored the chosen actions' log-probs of the merged policy of checkpoint 0
+    prompts, responses = steps["prompt_ids"].to_list(), steps["response_ids"].to_list()
+    stored = np.concatenate([np.asarray(lp) for lp in steps["response_logprobs"].to_list()])
+    gaps = {}
+    for policy in (run.checkpoint_dir(0), run.initial_model_dir):
+        with torch.no_grad():
+            logp, mask, _ = response_log_probs(load_causal_lm(policy), prompts, responses)
+        gaps[policy] = float(np.abs(logp[mask.bool()].numpy() - stored).max())
+    assert gaps[run.checkpoint_dir(0)] < 1e-4 < 1e-2 < gaps[run.initial_model_dir], gaps
+
+
+def test_retention_keeps_the_full_checkpoint_that_lora_adapts(tmp_path):
+    from stages.loop import run_loop
+    from stages.policy.adapters import adapter_base
+
+    run, full = _micro_lora(tmp_path / "run", ["checkpoint.keep_last=1"])
+    run_loop(run, full, 1)  # iteration 0 trains every weight
+    _, lora = _micro_lora(tmp_path / "unused", ["checkpoint.keep_last=1", "update.lora.r=4"])
+    run_loop(run, lora, 3)  # LoRA from iteration 1 on: checkpoint 0 is its base
+    assert adapter_base(run.checkpoint_dir(2)) == run.checkpoint_dir(0).resolve()
+    assert run.checkpoint_iterations() == [0, 2]
+    assert not (run.checkpoint_dir(0) / "trainer_state").exists()  # only the newest keeps its moments
+
+
+def test_lora_switched_off_trains_every_weight_of_the_merged_policy(tmp_path):
+    from stages.policy.models import load_causal_lm
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path, "choose", lora=LORA)
+    run_update(run, 0, config)
+    for table in ("steps", "advantages"):
+        write_table(run.read(0, table), table, run.table_path(1, table))
+    config.update.lora = LoraConfig()
+    run_update(run, 1, config)
+    assert (run.checkpoint_dir(1) / "model.safetensors").is_file()
+    marker = json.loads((run.checkpoint_dir(1) / CHECKPOINT_MARKER).read_text())
+    assert marker["global_step"] == 12 and "lora" not in marker  # the step count went on, fresh moments
+    moments = load_file(str(run.checkpoint_dir(1) / "trainer_state" / "optimizer.safetensors"))
+    assert moments and not any(".lora_" in k for k in moments)
+    merged, trained = load_causal_lm(run.checkpoint_dir(0)).state_dict(), _weights_of(run.checkpoint_dir(1))
+    assert any(not torch.equal(merged[k], v) for k, v in trained.items())
+
+
+def _weights_of(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))

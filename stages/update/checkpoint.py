@@ -101,6 +101,12 @@ def gather_optimizer_state(
     return flat
 
 
+def saved_trainer_state(checkpoint: Path) -> dict[str, Any] | None:
+    """The trainer state (``global_step`` ...) a checkpoint saved, or None."""
+    state_file = checkpoint / TRAINER_STATE_DIR / STATE_FILE
+    return json.loads(state_file.read_text()) if state_file.is_file() else None
+
+
 def restore_optimizer_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Path
 ) -> dict[str, Any] | None:

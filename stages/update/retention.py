@@ -10,6 +10,7 @@ iteration, only
   the loop's evaluation schedule);
 * the checkpoints of evaluated iterations (``iter_NNNN/eval.parquet`` exists), so what the report
   shows can be evaluated again;
+* a full checkpoint that a kept LoRA checkpoint adapts (LoRA switched on mid-run);
 
 and drops the optimizer state (``trainer_state/``) from all but the newest: only the next update
 restores it. The marker of such a checkpoint is rewritten without those files first, so every kept
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from schemas.config import CheckpointConfig
 from schemas.rundir import Run, checkpoint_complete, forget_checkpoint_files, remove_outputs
+from stages.policy.adapters import adapter_base, is_adapter_dir
 from stages.update.checkpoint import TRAINER_STATE_DIR
 
 
@@ -41,6 +43,19 @@ def retained_checkpoints(
     return keep | (set(ordered) & evaluated)
 
 
+def lora_bases(run: Run, kept: set[int]) -> set[int]:
+    """Iterations whose full checkpoint is the base of a kept LoRA checkpoint (LoRA switched on in the
+    middle of a run): the adapters are nothing without it."""
+    bases = set()
+    for i in kept:
+        checkpoint = run.checkpoint_dir(i)
+        if is_adapter_dir(checkpoint):
+            base = adapter_base(checkpoint)
+            if base.parent == run.checkpoint_dir(0).parent.resolve() and base.name[5:].isdigit():
+                bases.add(int(base.name[5:]))
+    return bases
+
+
 def prune_checkpoints(run: Run, cfg: CheckpointConfig) -> list[Path]:
     """Apply retention to the run's complete checkpoints; returns the removed paths (none when
     ``keep_last == 0``). Incomplete checkpoint directories are left to the loop's cleanup."""
@@ -51,6 +66,7 @@ def prune_checkpoints(run: Run, cfg: CheckpointConfig) -> list[Path]:
         return []
     evaluated = {i for i in complete if run.table_path(i, "eval").is_file()}
     keep = retained_checkpoints(complete, evaluated, cfg.keep_last, cfg.keep_every)
+    keep |= lora_bases(run, keep)
     newest = max(complete)
     dropped = [run.checkpoint_dir(i) for i in sorted(complete) if i not in keep]
     remove_outputs(dropped)  # renamed to a temporary name first: never half a checkpoint in place

@@ -34,6 +34,7 @@ from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run
+from stages.policy.adapters import is_adapter_dir, merged_model
 from stages.policy.sampling import derive_rng
 from stages.progress import terminal_progress
 from stages.update.batching import KEYS, UpdateRows, build_update_rows, join_steps_advantages
@@ -45,6 +46,7 @@ from stages.update.checkpoint import (
     load_tokenizer,
     restore_optimizer_state,
     save_checkpoint,
+    saved_trainer_state,
 )
 from stages.update.distributed import DistContext, init_distributed, unwrap, wrap_model
 from stages.update.lora import adapter_dropout, lora_policy, trainable_parameters
@@ -301,6 +303,9 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
         # whose adapted layers now compute W x + (alpha / r) B A x
         adapters, lora_base = lora_policy(policy_path, cfg.lora, config.model.trust_remote_code)
         model = adapters.get_base_model().to(ctx.device).eval()
+    elif is_adapter_dir(policy_path):  # LoRA switched off: every weight of the merged policy trains
+        model = merged_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
+        model.requires_grad_(True)  # peft froze the base weights
     else:
         model = load_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
     if cfg.master_dtype == "bfloat16":  # weights, gradients and AdamW moments in bf16: half the memory
@@ -333,7 +338,14 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
 
     global_step = 0
     if policy_path != reference_dir(run, config):
-        saved = restore_optimizer_state(unwrap(model), optimizer, policy_path)
+        # AdamW moments carry over only between updates of the same parameters: LoRA switched on
+        # (or off) in the middle of a run starts them afresh; the step count goes on either way
+        same_parameters = is_adapter_dir(policy_path) == (adapters is not None)
+        saved = (
+            restore_optimizer_state(unwrap(model), optimizer, policy_path)
+            if same_parameters
+            else saved_trainer_state(policy_path)
+        )
         if saved is not None:
             global_step = int(saved.get("global_step", 0))
     for group in optimizer.param_groups:  # the config, not the restored state, sets these
