@@ -30,11 +30,11 @@ DOCS = ROOT / "docs" / "quickstart"
 def config_digest(path: Path = CONFIG) -> str:
     """sha256 of the resolved config's TOML: every setting that changes what the run computes
     (``run.iters`` included: the docs show that many), defaults included; not the bookkeeping
-    sections (``[checkpoint]``, ``[log]``), nor ``[sft]`` while the warm start is off."""
+    sections (``[checkpoint]``, ``[log]``, ``[cluster]``), nor ``[sft]`` while the warm start is off."""
     from schemas.config import dump_toml
 
     data = load_config(path).to_dict()
-    for section in ("checkpoint", "log"):
+    for section in ("checkpoint", "log", "cluster"):
         data.pop(section)
     if not data["sft"]["enabled"]:
         data["sft"] = {"enabled": False}

@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import STAGES, Run, atomic_write_text, manifest_damage, run_lock, write_manifest
 from schemas.verified import known_intact
+from stages.cluster import check_executor
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
 from stages.live_log import TensorBoardLogger, open_logger
@@ -195,20 +197,39 @@ def run_loop(
 ) -> list[IterationResult]:
     """Run iterations 0..iters-1 of ``run``, skipping finished ones and finished stages.
 
-    ``runners`` (default ``STAGE_RUNNERS``) maps each stage to its function; tests pass fakes or
-    wrappers. ``prepare`` (default ``ensure_initial_model``) builds the initial model.
+    ``runners`` (default ``STAGE_RUNNERS``, with the rollout on Ray actors when
+    ``cluster.executor = "ray"``) maps each stage to its function; tests pass fakes or wrappers.
+    ``prepare`` (default ``ensure_initial_model``) builds the initial model.
     ``on_iteration`` is called after each iteration (the CLI prints its line there), and
     ``on_initial_eval`` with its seconds after the initial policy was evaluated in this call.
     """
     with run_lock(run.root):
         logger = open_logger(run, config)
         try:
-            return _run_loop_locked(
-                run, config, iters, runners, on_iteration, prepare, logger, on_initial_eval
-            )
+            with executor_runners(config, runners) as stage_runners:
+                return _run_loop_locked(
+                    run, config, iters, stage_runners, on_iteration, prepare, logger, on_initial_eval
+                )
         finally:
             if logger is not None:
                 logger.close()
+
+
+@contextmanager
+def executor_runners(
+    config: Config, runners: dict[str, StageRunner] | None
+) -> Iterator[dict[str, StageRunner] | None]:
+    """The loop's stage runners: ``runners`` when given (tests), else None (``STAGE_RUNNERS``) for
+    ``cluster.executor = "local"``, or ``STAGE_RUNNERS`` with the rollout on a pool of Ray actors for
+    ``"ray"`` (``stages/cluster/ray_executor.py``; Ray starts at the first rollout and stops after)."""
+    if runners is not None or config.cluster.executor == "local":
+        yield runners
+        return
+    check_executor(config)  # one line, not an ImportError, where ray is missing
+    from stages.cluster.ray_executor import RayRolloutPool
+
+    with RayRolloutPool() as pool:
+        yield {**STAGE_RUNNERS, "rollout": pool}
 
 
 def _run_loop_locked(

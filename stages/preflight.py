@@ -15,6 +15,7 @@ from schemas.errors import GraftError
 
 def check_startable(config: Config) -> None:
     """Raise a GraftError naming the first setting of ``config`` that cannot work on this machine."""
+    from stages.cluster import check_executor
     from stages.policy.models import check_model_dir, resolve_device
     from stages.rollout.from_config import make_environment
 
@@ -32,6 +33,7 @@ def check_startable(config: Config) -> None:
             "on CPU use rollout.engine = 'hf', e.g. a preset in configs/cpu/)"
         )
     resolve_device(config.run.device)
+    check_executor(config)
     env = make_environment(config)  # checks the environment's options, data root and packages
     if config.sft.enabled:
         from stages.demos import check_think

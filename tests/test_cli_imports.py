@@ -49,3 +49,12 @@ def test_credit_commands_import_neither_torch_nor_transformers(tmp_path):
         assert "polars" in loaded  # the command did run
         assert not loaded & set(HEAVY), (args, loaded & set(HEAVY))
     assert (out / "advantages.parquet").is_file()
+
+
+def test_ray_is_loaded_only_by_the_ray_executor():
+    """The default install and the quickstart need no ray (an optional extra): neither ``graft loop
+    --help`` nor the loop's modules import it; only ``stages.cluster.ray_executor`` does."""
+    assert "ray" not in _modules_after("loop", "--help")
+    probe = "import sys, stages.loop, stages.cluster, stages.cluster.worker; print('ray' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert proc.stdout.strip() == "False"

@@ -43,5 +43,5 @@ def test_the_digest_covers_the_resolved_settings_that_change_the_run(tmp_path):
     assert config_digest(changed) != config_digest()
     # bookkeeping and a disabled warm start do not count
     quiet = tmp_path / "l.toml"
-    quiet.write_text(base + '\n[log]\ndir = "x"\n\n[sft]\nlr = 0.01\n')
+    quiet.write_text(base + '\n[log]\ndir = "x"\n\n[sft]\nlr = 0.01\n\n[cluster]\nexecutor = "ray"\n')
     assert config_digest(quiet) == config_digest()

@@ -47,8 +47,8 @@ def resolve_loop_run(
 
     ``run.iters`` is the loop's stopping point, not part of what an iteration computes, so it never
     counts as a config change: ``--iters`` (or an edited ``run.iters``) extends or shortens a run
-    without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention
-    and ``[log]`` are treated the same way.
+    without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention,
+    ``[log]`` and ``[cluster]`` (where the rollout runs) are treated the same way.
     """
     return open_loop_run(*loop_root(config_path, run_dir, overrides), iters, force)
 
@@ -62,16 +62,17 @@ def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) ->
         raise GraftError(f"--iters {target}: must be >= 0")
     with run_lock(root):
         saved_path = root / "config.toml"
-        bookkeeping = (config.checkpoint, config.log)
+        bookkeeping = (config.checkpoint, config.log, config.cluster)
         if saved_path.is_file():
             saved = load_config(saved_path)
             # compare everything but what never changes an iteration's tables: the stopping point,
-            # checkpoint retention and live logging
+            # checkpoint retention, live logging and the executor
             config.run.iters, config.checkpoint, config.log = saved.run.iters, saved.checkpoint, saved.log
+            config.cluster = saved.cluster
         run = create_run(root, config, force=force)
-        if (config.run.iters, config.checkpoint, config.log) != (target, *bookkeeping):
+        if (config.run.iters, config.checkpoint, config.log, config.cluster) != (target, *bookkeeping):
             config.run.iters = target
-            config.checkpoint, config.log = bookkeeping
+            config.checkpoint, config.log, config.cluster = bookkeeping
             atomic_write_text(run.config_path, config.to_toml())
     return run, config, target
 
@@ -200,6 +201,12 @@ def register(app: typer.Typer) -> None:
             [], "--set", help="Override a config key, e.g. --set update.lr=1e-5."
         ),
         force: bool = typer.Option(False, "--force", help="Continue a run whose saved config differs."),
+        executor: str = typer.Option(
+            None,
+            "--executor",
+            help="local | ray: play the rollout groups in this process or on Ray actors "
+            "(overrides cluster.executor; docs/scaling.md).",
+        ),
     ) -> None:
         """Run rollout → graph → solve → advantage → update per iteration; resumes where it stopped."""
         from rich.console import Console
@@ -210,7 +217,12 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=False)
         if iters is not None and iters < 0:  # before the run's lock file is created
             raise GraftError(f"--iters {iters}: must be >= 0")
-        root, checked = loop_root(config, run_dir, list(overrides))  # checks the config before any write
+        overrides = list(overrides)
+        if executor is not None:
+            if executor not in ("local", "ray"):
+                raise GraftError(f"--executor {executor!r}: expected local or ray")
+            overrides.append(f"cluster.executor={executor}")
+        root, checked = loop_root(config, run_dir, overrides)  # checks the config before any write
         with run_lock(root):
             run, cfg, target = open_loop_run(root, checked, iters, force)
             # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two

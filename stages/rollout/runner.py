@@ -66,8 +66,12 @@ def rollout_iteration(
     *,
     shard: tuple[int, int] | None = None,
     progress: bool | ProgressHook | None = None,
+    env: Environment | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Play the iteration's groups (or a shard's share) with ``model_dir``; return (steps, metrics)."""
+    """Play the iteration's groups (or a shard's share) with ``model_dir``; return (steps, metrics).
+
+    ``env``: an environment of ``config`` to reuse (a Ray rollout actor keeps one between iterations);
+    None builds one."""
     import torch
 
     from stages.policy.models import resolve_device
@@ -75,7 +79,7 @@ def rollout_iteration(
     start = time.perf_counter()
     torch.set_num_threads(max(1, config.run.torch_threads))
     resolve_device(config.run.device)  # a clear error before any work when CUDA is asked for but absent
-    env = make_environment(config)
+    env = make_environment(config) if env is None else env
     groups = iteration_groups(env, config, iteration)
     if shard is not None:
         groups = [(g, t) for g, t in groups if g % shard[1] == shard[0]]

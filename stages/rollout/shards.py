@@ -11,6 +11,8 @@ from schemas.rundir import Run
 from stages.rollout.from_config import make_environment
 from stages.rollout.metrics import rollout_metrics
 
+NO_METRICS = pl.DataFrame(schema={"name": pl.String, "value": pl.Float64, "task_type": pl.String})
+
 
 def parse_shard(text: str) -> tuple[int, int]:
     """``"i/n"`` -> (i, n) with 0 <= i < n."""
@@ -31,8 +33,10 @@ def merge_rollout_shards(run: Run, iteration: int, config: Config, shards: int) 
     """Merge ``steps.shard-*-of-N`` (and their metrics) into ``steps.parquet`` once all N exist.
 
     Rows are ordered by (group_id, traj_id, step), the order of an unsharded rollout. Metrics are
-    recomputed from the merged rows; ``seconds`` is the slowest shard's. The shard files are removed
-    after the merge. Returns True when ``steps.parquet`` exists afterwards.
+    recomputed from the merged rows; ``seconds`` is the slowest shard's, and the counts the steps cannot
+    show (``env_errors`` with tasks whose reset failed, ``prompt_truncated``) are the shards' sums, so
+    the rows are an unsharded rollout's plus ``shards``. The shard files are removed after the merge.
+    Returns True when ``steps.parquet`` exists afterwards.
     """
     if run.stage_complete("rollout", iteration):
         return True
@@ -43,18 +47,20 @@ def merge_rollout_shards(run: Run, iteration: int, config: Config, shards: int) 
         return False
     try:
         steps = pl.concat([read_table(p, "steps") for p in step_files]).sort("group_id", "traj_id", "step")
-        seconds = max(
-            (read_table(p, "metrics").filter(pl.col("name") == "seconds")["value"].max() or 0.0)
-            for p in metric_files
-            if p.is_file()
-        )
+        shard_rows = pl.concat(
+            [read_table(p, "metrics") for p in metric_files if p.is_file()] or [NO_METRICS]
+        ).filter(pl.col("task_type").is_null())
     except GraftError:
         # another worker merged and removed the shards between our checks
         return run.stage_complete("rollout", iteration)
     validate_steps(steps, source=f"{run.iter_dir(iteration)}/steps.shard-*-of-{shards}.parquet")
     env = make_environment(config)
+    seconds = float(shard_rows.filter(pl.col("name") == "seconds")["value"].max() or 0.0)
+    extra = {"seconds": seconds, "steps_per_second": steps.height / seconds if seconds > 0 else 0.0}
+    for name in ("prompt_truncated", "env_errors"):
+        extra[name] = float(shard_rows.filter(pl.col("name") == name)["value"].sum())
     metrics = rollout_metrics(
-        steps, float(env.success_outcome), iteration, {"seconds": float(seconds), "shards": float(shards)}
+        steps, float(env.success_outcome), iteration, {**extra, "shards": float(shards)}
     )
     write_table(metrics, "metrics", run.iter_dir(iteration) / "metrics_rollout.parquet")
     run.write(iteration, "steps", steps)
