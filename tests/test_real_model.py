@@ -102,6 +102,39 @@ def test_rollout_update_reload_and_resume(smollm2: Path, tmp_path: Path, mode: s
         assert [r.iteration for r in results] == [1] and run.stage_complete("update", 1)
 
 
+def test_a_lora_loop_and_export_on_the_real_model(smollm2: Path, tmp_path: Path) -> None:
+    # issue 26 item 2: only the adapters train and are saved; the next rollout acts with the merged
+    # policy; the export reloads in transformers to the same logits
+    import hashlib
+
+    from transformers import AutoModelForCausalLM
+
+    from schemas.rundir import create_run
+    from stages.loop import run_loop
+    from stages.policy.export import export_checkpoint
+    from stages.policy.models import load_causal_lm
+
+    before = hashlib.sha256((smollm2 / "model.safetensors").read_bytes()).hexdigest()
+    config = _config(
+        smollm2, "rollout.mode=generate", "update.lora.r=8", "update.lora.alpha=16.0", "update.lr=1e-3"
+    )
+    run = create_run(tmp_path / "lora", config)
+    run_loop(run, config, 2)
+    checkpoint = run.checkpoint_dir(1)
+    assert not (checkpoint / "model.safetensors").exists()
+    assert (checkpoint / "adapter_model.safetensors").stat().st_size < 20 * 2**20  # 135M fp32 = 538 MB
+    assert hashlib.sha256((smollm2 / "model.safetensors").read_bytes()).hexdigest() == before
+    assert set(run.read(1, "steps")["policy_version"].to_list()) == {"iter_0000"}
+    out, _ = export_checkpoint(run.root, 1, tmp_path / "exported")
+    ids = torch.tensor([run.read(1, "steps")["prompt_ids"][0].to_list()])
+    with torch.no_grad():
+        exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()(ids).logits
+        merged = load_causal_lm(checkpoint)(ids).logits
+        base = load_causal_lm(smollm2)(ids).logits
+    torch.testing.assert_close(exported, merged, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(merged, base, atol=1e-4)  # the adapters moved the policy
+
+
 def test_the_warm_start_on_a_pretrained_model(smollm2: Path, tmp_path: Path) -> None:
     from schemas.rundir import create_run
     from stages.rollout import ensure_initial_model
