@@ -268,6 +268,10 @@ class ClusterConfig:
     # times Ray restarts a dead rollout actor (and replays its shard) in one loop process; past that
     # the iteration stops with an error and a rerun of the loop resumes it
     max_restarts: int = 3
+    # processes of the update: 1 = in the loop's own process; N > 1 = the loop launches
+    # `torchrun --standalone --nproc_per_node N` for each update (DDP, or FSDP2 with update.parallel;
+    # one node, its N GPUs -- or N gloo processes on CPU), equal to one process up to float rounding
+    update_procs: int = 1
 
 
 @dataclass
@@ -563,6 +567,7 @@ RANGES: dict[str, Rule] = {
     "cluster.worker_cpus": _above(0),
     "cluster.worker_gpus": _at_least(0),
     "cluster.max_restarts": _at_least(0),
+    "cluster.update_procs": _at_least(1),
 }
 
 

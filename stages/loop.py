@@ -47,7 +47,7 @@ from stages.rollout import (
     release_engines,
     run_rollout,
 )
-from stages.update import run_update
+from stages.update.launch import loop_update
 from stages.update.retention import prune_checkpoints
 
 StageRunner = Callable[[Run, int, Config], None]
@@ -58,7 +58,7 @@ STAGE_RUNNERS: dict[str, StageRunner] = {
     "graph": run_graph,
     "solve": run_solve,
     "advantage": run_advantage,
-    "update": run_update,
+    "update": loop_update,  # run_update, or under torchrun with cluster.update_procs > 1
     "eval": run_eval,
 }
 LOOP_TABLE = "metrics_loop"

@@ -111,3 +111,39 @@ def test_fsdp2_two_processes_equal_one_process(tmp_path):
     single, multi = _pair(tmp_path, "fsdp")
     _run_distributed([(multi.root, ['update.parallel="fsdp"'])])
     _assert_same_update(single, multi)
+
+
+@pytest.mark.slow
+def test_the_loop_launches_torchrun_for_update_procs_2(tmp_path):
+    # issue 27 item 1: the update under torchrun launched by the driver (cluster.update_procs)
+    from stages.loop import STAGE_RUNNERS
+
+    single, multi = _pair(tmp_path, "launched")
+    config = multi.load_config(["cluster.update_procs=2"])
+    STAGE_RUNNERS["update"](multi, 0, config)
+    _assert_same_update(single, multi)
+
+
+def test_a_failed_launched_update_is_one_line(tmp_path, monkeypatch):
+    import sys
+
+    from schemas.errors import GraftError
+    from stages.update import launch
+
+    run, _ = make_run(tmp_path, "choose")
+    config = run.load_config(["cluster.update_procs=2"])
+    seen = []
+    real_command = launch.torchrun_command
+
+    def failing(run_dir, iteration, config_path, procs):  # what the loop would run, then a failure
+        seen.append((run_dir, iteration, procs, config_path.read_text()))
+        return [sys.executable, "-c", "raise SystemExit(3)"]
+
+    monkeypatch.setattr(launch, "torchrun_command", failing)
+    with pytest.raises(GraftError, match=r"update of iteration 0 under torchrun \(2 processes.*exit code 3"):
+        launch.loop_update(run, 0, config)
+    assert seen[0][:3] == (run.root, 0, 2) and "update_procs = 2" in seen[0][3]
+    assert not run.checkpoint_dir(0).exists()
+    command = real_command(run.root, 4, tmp_path / "c.toml", 8)
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
+    assert command[-4:] == ["stages.update.launch", str(run.root), "4", str(tmp_path / "c.toml")]
