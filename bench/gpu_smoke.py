@@ -1,11 +1,18 @@
-"""GPU smoke test of the rollout stage: one iteration with the hf engine on CUDA, and with vLLM when it is
-importable; prints timings and checks the tables.
+"""GPU smoke test: one rollout iteration with the hf engine on CUDA (and vLLM when it is importable),
+then a short loop with full fine-tuning and with LoRA; prints timings and peak memory, checks the tables.
 
     python bench/gpu_smoke.py                       # tiny model built on the fly, household, 16 x 8
     python bench/gpu_smoke.py --model /path/to/Qwen2.5-0.5B-Instruct --modes generate --max-new-tokens 256
     python bench/gpu_smoke.py --device cpu          # dry run of the same script without a GPU
 
-For every engine and mode it prints: seconds, steps/s, tokens/s, ms per decision, success and invalid
+    python bench/gpu_smoke.py --model DIR --loop-iters 2   # + the loop part on a real model (bf16)
+
+The loop part runs ``--loop-iters`` iterations of the config in generate mode, ``model.dtype =
+bfloat16`` on CUDA, once per setting (full fine-tuning with gradient checkpointing; LoRA r = 16 on
+every linear layer), and prints per stage its seconds and the peak CUDA memory allocated during it
+(``torch.cuda.max_memory_allocated``, reset before each stage), plus the checkpoint size.
+
+For every engine and mode the rollout part prints: seconds, steps/s, tokens/s, ms per decision, success and invalid
 rates, and the largest gap between the stored behaviour log-probs of a sample of rows and a fresh
 full forward of the hf model on the same device (expect ~1e-5 in float32, ~1e-2 in bf16; vLLM's
 kernels differ from transformers', so expect a larger but small gap there).
@@ -77,6 +84,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument(
+        "--loop-iters", type=int, default=2, help="loop part: iterations per setting (0 = skip)"
+    )
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device: nothing to do (use --device cpu for a dry run)")
@@ -109,6 +119,82 @@ def main() -> None:
                 print(json.dumps(result))
             if name != "hf":
                 engine.close()
+        from stages.rollout import release_engines
+
+        del reference
+        release_engines()
+        if args.loop_iters > 0:
+            loop_smoke(args.config, model_dir, args.device, args.loop_iters, Path(tmp))
+
+
+LOOP_SETTINGS = {
+    "full fine-tuning + gradient checkpointing": ["update.gradient_checkpointing=true"],
+    "LoRA r=16 (all linear layers)": ["update.lora.r=16", "update.lora.alpha=32.0"],
+}
+
+
+def timed_runners(device: str, report: list[dict], setting: str) -> dict:
+    """The loop's stage runners, each wrapped to record its seconds and peak device memory."""
+    from stages.loop import STAGE_RUNNERS
+
+    def wrap(stage: str, runner):  # type: ignore[no-untyped-def]
+        def timed(run, iteration, config) -> None:  # type: ignore[no-untyped-def]
+            if device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            runner(run, iteration, config)
+            peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else None
+            report.append(
+                {
+                    "setting": setting,
+                    "iter": iteration,
+                    "stage": stage,
+                    "seconds": round(time.perf_counter() - start, 2),
+                    "peak_mib": None if peak is None else round(peak),
+                }
+            )
+
+        return timed
+
+    return {stage: wrap(stage, runner) for stage, runner in STAGE_RUNNERS.items()}
+
+
+def loop_smoke(config_path: str, model_dir: Path, device: str, iters: int, scratch: Path) -> list[dict]:
+    """``iters`` loop iterations per LOOP_SETTINGS entry; one JSON line per stage and per checkpoint."""
+    from schemas.rundir import create_run
+    from stages.loop import run_loop
+
+    report: list[dict] = []
+    for setting, extra in LOOP_SETTINGS.items():
+        overrides = [
+            f"model.path={model_dir}",
+            f"run.device={device}",
+            "model.dtype=" + ("bfloat16" if device.startswith("cuda") else "float32"),
+            "rollout.mode=generate",
+            "rollout.groups=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=64",
+            "env.max_turns=4",
+            "run.eval_every=0",
+            "update.lr=1e-5",
+            *extra,
+        ]
+        config = load_config(config_path, overrides)
+        run = create_run(scratch / setting.split()[0], config)
+        start = time.perf_counter()
+        run_loop(run, config, iters, runners=timed_runners(device, report, setting))
+        checkpoint = run.checkpoint_dir(iters - 1)
+        size = sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file()) / 2**20
+        report.append(
+            {
+                "setting": setting,
+                "loop_seconds": round(time.perf_counter() - start, 1),
+                "checkpoint_mib": round(size),
+            }
+        )
+    for line in report:
+        print(json.dumps(line))
+    return report
 
 
 if __name__ == "__main__":
