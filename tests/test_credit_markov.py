@@ -297,3 +297,37 @@ def test_interning_sets_across_depths_changes_no_credit(monkeypatch, seed):
         out[start] = markov_graph_gae(index, td, 0.99, 0.95)
     np.testing.assert_allclose(out[1], out[10**9], atol=1e-12, rtol=0)
     assert np.abs(out[1] - td).max() > 1e-3  # the case walks non-trivial tails
+
+
+def _markov_tail_case() -> pl.DataFrame:
+    """T1 reaches the goal G from A (R = 10); T2 is cut at A after a valid self-loop (R = 0)."""
+    return make_steps(
+        [
+            ("T1", [("S", "A", 0.0), ("A", "G", 0.0)], 10.0, "terminated"),
+            ("T2", [("S", "A", 0.0), ("A", "A", 0.0)], 0.0, "truncated"),
+        ]
+    )
+
+
+@pytest.mark.parametrize("truncation", ["fail", "bootstrap"])
+def test_the_markov_tail_is_the_end_mass_that_has_no_row(truncation):
+    """At the Bellman fixed point Σ_{rows out of u} A = ends(u) · (V(u) − R): zero at every node
+    without ends or without continuations, so the Markov tail (an average of these sums over the
+    reachable edges) vanishes unless a node mixes both. A cut trajectory under truncation = "fail" is
+    such an end (R = 0 < V(u)): its mass is what the Markov tail spreads over the edges into A
+    (BENCHMARKS "Quickstart: Markov vs literal Graph GAE horizon"); "bootstrap" drops that end."""
+    gamma = 0.99
+    steps = _markov_tail_case()
+    nodes, edges = credit.graph(steps, truncation=truncation)
+    values = credit.solve(nodes, edges, gamma=gamma)
+    adv = credit.advantages(steps, nodes, edges, values, gamma=gamma, lam=0.95, normalize="none")
+    out_of_a = (steps["state"] == "A").to_numpy()
+    into_a = (steps["next_state"] == "A").to_numpy()
+    td, tail = adv["td"].to_numpy(), (adv["gae"] - adv["td"]).to_numpy()
+    if truncation == "fail":  # V(A) = (γ·10 + γV(A) + 0) / 3 (two edges and one end, R = 0)
+        v_a = 10 * gamma / (3 - gamma)
+        assert td[out_of_a].sum() == pytest.approx(v_a, rel=1e-6)  # = ends(A) · (V(A) − 0)
+        assert (tail[into_a] > 0.1).all()
+    else:  # V(A) = (γ·10 + γV(A)) / 2: no node mixes ends and continuations
+        assert td[out_of_a].sum() == pytest.approx(0.0, abs=1e-6)
+        np.testing.assert_allclose(tail, 0.0, atol=1e-9)
