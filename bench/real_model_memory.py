@@ -1,5 +1,5 @@
 """Peak memory and seconds of one update of a real pretrained model on CPU: full fine-tuning in
-float32, with gradient checkpointing, and with bf16 master weights (issue: real models on one GPU).
+float32, with gradient checkpointing, with bf16 master weights, and LoRA (issue: real models on one GPU).
 
     python bench/real_model_memory.py [--rows 16] [--no-write]
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -29,6 +30,18 @@ SETTINGS = {
     "float32 + gradient checkpointing": ["update.gradient_checkpointing=true"],
     "bf16 master weights": ["update.master_dtype=bfloat16"],
     "bf16 + gradient checkpointing": ["update.master_dtype=bfloat16", "update.gradient_checkpointing=true"],
+    "LoRA r=16 (all linear layers)": ["update.lora.r=16", "update.lora.alpha=32.0"],
+    "LoRA r=16 + gradient checkpointing": [
+        "update.lora.r=16",
+        "update.lora.alpha=32.0",
+        "update.gradient_checkpointing=true",
+    ],
+    "LoRA r=16 + bf16 + gradient checkpointing": [
+        "update.lora.r=16",
+        "update.lora.alpha=32.0",
+        "update.master_dtype=bfloat16",
+        "update.gradient_checkpointing=true",
+    ],
 }
 
 
@@ -59,9 +72,11 @@ def worker(run_dir: str, extra: list[str]) -> dict:
     config = run.load_config(extra)
     start = time.perf_counter()
     run_update(run, 0, config)
+    checkpoint = run.checkpoint_dir(0)
     return {
         "seconds": time.perf_counter() - start,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "checkpoint_mib": sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file()) / 2**20,
     }
 
 
@@ -112,12 +127,21 @@ def main() -> None:
         f"SmolLM2-135M-Instruct (134.5M parameters, vocabulary 49,152), one update of {rows} generate-mode rows "
         "(one minibatch, the exact-KL probe on) on CPU, each setting in its own process (peak RSS = that "
         "process's maximum resident set, model load and checkpoint write included); 2 cores shared with "
-        "other jobs, so the seconds vary with the load. Command: `python bench/real_model_memory.py`.",
+        "other jobs, so the seconds vary with the load. Command: `python bench/real_model_memory.py`"
+        + (
+            f" with `MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']}` (glibc's mmap threshold "
+            "fixed, see below)."
+            if os.environ.get("MALLOC_MMAP_THRESHOLD_")
+            else "."
+        ),
         "",
-        "| setting | peak RSS (MiB) | seconds |",
-        "|---|---|---|",
+        "| setting | peak RSS (MiB) | seconds | checkpoint (MiB, weights or adapters + AdamW moments) |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {n} | {r['peak_rss_mib']:.0f} | {r['seconds']:.1f} |" for n, r in results.items()]
+    lines += [
+        f"| {n} | {r['peak_rss_mib']:.0f} | {r['seconds']:.1f} | {r['checkpoint_mib']:.0f} |"
+        for n, r in results.items()
+    ]
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
