@@ -105,7 +105,7 @@ def main() -> None:
         if "vllm" not in engines:
             print("vllm: not importable, skipped")
         reference = None
-        for name in engines:
+        for name in [] if args.no_rollout_part else engines:
             start = time.perf_counter()
             engine = make_engine(name, model_dir, "smoke", EngineOptions(device=args.device))
             load_s = time.perf_counter() - start
@@ -124,7 +124,8 @@ def main() -> None:
         del reference
         release_engines()
         if args.loop_iters > 0:
-            loop_smoke(args.config, model_dir, args.device, args.loop_iters, Path(tmp))
+            size = (args.loop_groups, args.loop_group_size, args.loop_turns, args.loop_max_new_tokens)
+            loop_smoke(args.config, model_dir, args.device, args.loop_iters, Path(tmp), size)
 
 
 LOOP_SETTINGS = {
@@ -159,8 +160,12 @@ def timed_runners(device: str, report: list[dict], setting: str) -> dict:
     return {stage: wrap(stage, runner) for stage, runner in STAGE_RUNNERS.items()}
 
 
-def loop_smoke(config_path: str, model_dir: Path, device: str, iters: int, scratch: Path) -> list[dict]:
-    """``iters`` loop iterations per LOOP_SETTINGS entry; one JSON line per stage and per checkpoint."""
+def loop_smoke(
+    config_path: str, model_dir: Path, device: str, iters: int, scratch: Path, size: tuple[int, int, int, int]
+) -> list[dict]:
+    """``iters`` loop iterations per LOOP_SETTINGS entry; one JSON line per stage and per checkpoint.
+    ``size`` = (groups, group size, turns, new tokens) of each rollout."""
+    groups, group_size, turns, new_tokens = size
     from schemas.rundir import create_run
     from stages.loop import run_loop
 
@@ -171,10 +176,11 @@ def loop_smoke(config_path: str, model_dir: Path, device: str, iters: int, scrat
             f"run.device={device}",
             "model.dtype=" + ("bfloat16" if device.startswith("cuda") else "float32"),
             "rollout.mode=generate",
-            "rollout.groups=4",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=64",
-            "env.max_turns=4",
+            f"rollout.groups={groups}",
+            f"rollout.group_size={group_size}",
+            f"rollout.max_new_tokens={new_tokens}",
+            f"env.max_turns={turns}",
+            f"env.train_tasks={max(groups, 1)}",
             "run.eval_every=0",
             "update.lr=1e-5",
             *extra,

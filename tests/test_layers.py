@@ -73,14 +73,15 @@ def test_graft_cli_holds_only_the_app_and_its_commands() -> None:
 def test_the_loop_names_its_stages_directly() -> None:
     source = (ROOT / "stages" / "loop.py").read_text()
     assert "importlib" not in source and "KILL_AT" not in source and "os.kill" not in source
-    from stages import credit, evaluate, rollout, update
+    from stages import credit, evaluate, rollout
     from stages.loop import STAGE_RUNNERS
+    from stages.update import launch
 
     assert {
         "rollout": rollout.run_rollout,
         "graph": credit.run_graph,
         "solve": credit.run_solve,
         "advantage": credit.run_advantage,
-        "update": update.run_update,
+        "update": launch.loop_update,  # run_update itself, or under torchrun (cluster.update_procs)
         "eval": evaluate.run_eval,
     } == STAGE_RUNNERS
