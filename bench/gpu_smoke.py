@@ -87,6 +87,11 @@ def main() -> None:
     parser.add_argument(
         "--loop-iters", type=int, default=2, help="loop part: iterations per setting (0 = skip)"
     )
+    parser.add_argument("--loop-groups", type=int, default=4, help="loop part: tasks per iteration")
+    parser.add_argument("--loop-group-size", type=int, default=4, help="loop part: rollouts per task")
+    parser.add_argument("--loop-turns", type=int, default=4, help="loop part: env.max_turns")
+    parser.add_argument("--loop-max-new-tokens", type=int, default=64, help="loop part: tokens per response")
+    parser.add_argument("--no-rollout-part", action="store_true", help="skip the engine/mode comparison")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device: nothing to do (use --device cpu for a dry run)")
