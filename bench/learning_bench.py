@@ -72,6 +72,9 @@ VARIANTS: dict[str, list[str]] = {
     "graft-flat": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.flat_groups=zero"],
     "graft-floor": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.node_std_floor=0.1"],
     "graft-batch": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.normalize=batch"],
+    # Markov Graph GAE without the ends of cut episodes (the tail is then the end mass of real ends
+    # only: docs/credit.md "Markov Graph GAE"); protocol v6
+    "graft-bootstrap": ["advantage.estimator=graft", "advantage.gae=graph", "graph.truncation=bootstrap"],
     "graft-time": [
         "advantage.estimator=graft",
         "advantage.gae=graph",
