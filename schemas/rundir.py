@@ -585,6 +585,20 @@ def atomic_dir(final: Path) -> Path:
     return tmp
 
 
+@contextmanager
+def filled_dir(final: Path) -> Iterator[Path]:
+    """A fresh temporary sibling of ``final`` to fill inside the ``with`` block: committed to ``final``
+    (``commit_dir``) when the block ends normally, removed when it raises -- never half a directory
+    under the final name."""
+    tmp = atomic_dir(final)
+    try:
+        yield tmp
+        commit_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def commit_dir(tmp: Path, final: Path) -> None:
     """Move a filled temporary directory into place (replacing an incomplete ``final``).
 

@@ -16,7 +16,6 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from schemas import write_table
 from schemas.config import LoraConfig, UpdateConfig
 from schemas.errors import GraftError
 from schemas.rundir import CHECKPOINT_MARKER
@@ -27,6 +26,7 @@ from tests.test_update_trainer import (
     _table,
     make_run,
     make_tokenizer,
+    reuse_rows,
 )
 
 pytest.importorskip("peft")
@@ -183,8 +183,7 @@ def test_the_next_lora_update_continues_the_adapters_on_the_same_base(tmp_path):
 
     run, config = make_run(tmp_path, "choose", lora=LORA)
     run_update(run, 0, config)
-    for table in ("steps", "advantages"):
-        write_table(run.read(0, table), table, run.table_path(1, table))
+    reuse_rows(run, 1)
     run_update(run, 1, config)
     marker = json.loads((run.checkpoint_dir(1) / CHECKPOINT_MARKER).read_text())
     assert marker["trained_from"] == str(run.checkpoint_dir(0))
@@ -195,8 +194,7 @@ def test_the_next_lora_update_continues_the_adapters_on_the_same_base(tmp_path):
     assert a0.keys() == a1.keys() and any(not torch.equal(a0[k], a1[k]) for k in a0)
     # a different rank cannot silently continue these adapters
     config.update.lora = LoraConfig(r=8, alpha=8.0)
-    for table in ("steps", "advantages"):
-        write_table(run.read(0, table), table, run.table_path(2, table))
+    reuse_rows(run, 2)
     with pytest.raises(
         GraftError, match=r"update.lora.r = 8 but .*iter_0001 holds adapters trained with r = 4"
     ):
@@ -359,8 +357,7 @@ def test_lora_switched_off_trains_every_weight_of_the_merged_policy(tmp_path):
 
     run, config = make_run(tmp_path, "choose", lora=LORA)
     run_update(run, 0, config)
-    for table in ("steps", "advantages"):
-        write_table(run.read(0, table), table, run.table_path(1, table))
+    reuse_rows(run, 1)
     config.update.lora = LoraConfig()
     run_update(run, 1, config)
     assert (run.checkpoint_dir(1) / "model.safetensors").is_file()

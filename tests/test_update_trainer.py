@@ -126,6 +126,12 @@ def make_run(root: Path, mode: str = "choose", iteration: int = 0, **update) -> 
 # helpers
 
 
+def reuse_rows(run: Run, iteration: int) -> None:
+    """Iteration 0's steps and advantages as ``iteration``'s (the next update trains on the same rows)."""
+    for table in ("steps", "advantages"):
+        write_table(run.read(0, table), table, run.table_path(iteration, table))
+
+
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -408,7 +414,9 @@ def test_checkpoint_marker_is_written_last_and_a_crash_leaves_nothing(tmp_path, 
     def boom(tmp, dest):
         raise RuntimeError("killed before commit")
 
-    monkeypatch.setattr(ckpt, "commit_dir", boom)
+    import schemas.rundir
+
+    monkeypatch.setattr(schemas.rundir, "commit_dir", boom)  # filled_dir commits through it
     with pytest.raises(RuntimeError):
         ckpt.save_checkpoint(crashed, tiny_qwen2(), None, {"iteration": 2})
     assert not crashed.exists()
@@ -454,8 +462,7 @@ def test_next_iteration_trains_the_previous_checkpoint_and_keeps_optimizer_state
 
     run, config = make_run(tmp_path, "choose")
     run_update(run, 0, config)
-    for table in ("steps", "advantages"):
-        write_table(run.read(0, table), table, run.table_path(1, table))
+    reuse_rows(run, 1)
     run_update(run, 1, config)
     marker = json.loads((run.checkpoint_dir(1) / CHECKPOINT_MARKER).read_text())
     assert marker["trained_from"] == str(run.checkpoint_dir(0))
@@ -601,8 +608,7 @@ def test_iteration_zero_takes_the_reference_from_the_old_pass(tmp_path, monkeypa
     for got, want in zip(cached, expected, strict=True):
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-6, rtol=0)
 
-    for table in ("steps", "advantages"):
-        write_table(run.read(0, table), table, run.table_path(1, table))
+    reuse_rows(run, 1)
     runner.run_update(run, 1, config)
     assert calls == [1]
 

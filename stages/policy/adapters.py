@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from schemas.errors import GraftError
-from schemas.rundir import atomic_dir, commit_dir
+from schemas.rundir import filled_dir
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -110,8 +110,7 @@ def export_merged(checkpoint: str | Path, out: str | Path, trust_remote_code: bo
         raise GraftError(f"{out}: exists and is not an empty directory (choose a new -o)")
     if out.is_dir():
         out.rmdir()
-    tmp = atomic_dir(out)
-    try:
+    with filled_dir(out) as tmp:
         skip = {ADAPTER_CONFIG, ADAPTER_WEIGHTS, "README.md"}  # README.md: peft's model card
         for item in checkpoint.iterdir():  # weights (full checkpoint), configs, tokenizer files
             if item.is_file() and item.name not in skip and not item.name.startswith(("graft_", ".")):
@@ -119,8 +118,4 @@ def export_merged(checkpoint: str | Path, out: str | Path, trust_remote_code: bo
         if is_adapter_dir(checkpoint):
             merged_model(checkpoint, trust_remote_code).save_pretrained(tmp, safe_serialization=True)
         portable_tokenizer_files(tmp)
-        commit_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -92,13 +92,12 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from schemas.rundir import atomic_dir, commit_dir
+    from schemas.rundir import filled_dir
     from stages.policy.tokenizer import portable_tokenizer_files
 
     if importlib.util.find_spec("gguf") is None:
         raise GraftError("reading a GGUF file needs the gguf package (pip install gguf)")
-    tmp = atomic_dir(out)
-    try:
+    with filled_dir(out) as tmp:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         config = copy.deepcopy(loaded.config)
@@ -109,10 +108,6 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         portable_tokenizer_files(tmp)
-        commit_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -27,7 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from schemas.config import DEFAULT_TINY_VOCAB_TASKS
 from schemas.errors import GraftError
-from schemas.rundir import atomic_dir, commit_dir
+from schemas.rundir import filled_dir
 from stages.envs.base import Environment, Episode, environment_tasks
 from stages.envs.prompts import episode_prompt
 from stages.policy.tokenizer import build_word_tokenizer, portable_tokenizer_files
@@ -181,11 +181,10 @@ def build_tiny_model(
     tokenizer = build_word_tokenizer(texts)
     model = random_qwen2(tokenizer, spec=spec, seed=seed, info=info)
     hf_logging.disable_progress_bar()
-    tmp = atomic_dir(out)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    portable_tokenizer_files(tmp)
-    commit_dir(tmp, out)
+    with filled_dir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        portable_tokenizer_files(tmp)
     return out
 
 

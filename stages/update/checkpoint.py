@@ -14,7 +14,6 @@ Models are loaded from safetensors only; ``trust_remote_code`` follows the confi
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,9 @@ from schemas.errors import GraftError
 from schemas.rundir import (
     CHECKPOINT_MARKER,
     MARKER_FILES_KEY,
-    atomic_dir,
     atomic_write_text,
-    commit_dir,
     file_digests,
+    filled_dir,
 )
 from stages.policy.tokenizer import portable_tokenizer_files
 
@@ -211,8 +209,7 @@ def save_checkpoint(
     _quiet_transformers()
     if model_state is not None:
         model_state = without_tied_duplicates(model, model_state)
-    tmp = atomic_dir(final)
-    try:
+    with filled_dir(final) as tmp:
         if adapters is not None:
             save_adapters(tmp, final, adapters, adapter_base)
         else:
@@ -227,8 +224,4 @@ def save_checkpoint(
         # last: the marker, with the checksum of every file written before it
         marker = {**marker, MARKER_FILES_KEY: file_digests(tmp)}
         atomic_write_text(tmp / CHECKPOINT_MARKER, json.dumps(marker, indent=2, sort_keys=True))
-        commit_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
