@@ -527,25 +527,55 @@ def cached_step_effects(run_dir: Path) -> pl.DataFrame:
     return frame
 
 
+def flat_group_steps(run_dir: Path) -> pl.DataFrame:
+    """(iter, traj_id, step, flat) for every step of a run: ``flat`` when every trajectory of the
+    step's group ended with the same outcome, so outcome-only node values carry no signal there."""
+    frames = []
+    for it in range(finished_iterations(run_dir)):
+        steps = pl.read_parquet(
+            run_dir / f"iter_{it:04d}" / "steps.parquet",
+            columns=["iter", "group_id", "traj_id", "step", "outcome", "done"],
+        )
+        outcomes = (
+            steps.filter(pl.col("done"))
+            .group_by("group_id")
+            .agg((pl.col("outcome").max() == pl.col("outcome").min()).alias("flat"))
+        )
+        frames.append(
+            steps.join(outcomes, on="group_id").select(pl.lit(it).alias("iter"), "traj_id", "step", "flat")
+        )
+    return pl.concat(frames)
+
+
 def sign_agreement_table(runs: dict[str, list[Path]]) -> str:
     """Markdown: how often each variant's advantage sign agrees with the step's true effect (household
-    only; steps with a non-zero effect), and the mean advantage of progressing / regressing steps."""
+    only; steps with a non-zero effect), also among the steps it credits at all (A ≠ 0), how many it
+    leaves at exactly 0 in groups whose outcomes differ, and the mean advantage of progressing /
+    regressing steps."""
     lines = [
-        "| variant | steps with an effect | sign agrees | advantage = 0 | mean A, progress | mean A, regress |",
-        "|---|---|---|---|---|---|",
+        "| variant | steps with an effect | sign agrees | advantage = 0 | sign agrees where A ≠ 0 "
+        "| A = 0 in groups whose outcomes differ | mean A, progress | mean A, regress |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for variant, dirs in runs.items():
-        frames = [cached_step_effects(d) for d in dirs]
-        frame = pl.concat([f for f in frames if f.height]).filter(
-            pl.col("effect").is_not_null() & (pl.col("effect") != 0)
-        )
+        frames = [
+            effects.with_columns(pl.col("iter").cast(pl.Int32)).join(
+                flat_group_steps(d).with_columns(pl.col("iter").cast(pl.Int32)),
+                on=["iter", "traj_id", "step"],
+            )
+            for d in dirs
+            if (effects := cached_step_effects(d)).height
+        ]
+        if not frames:
+            continue
+        frame = pl.concat(frames).filter(pl.col("effect").is_not_null() & (pl.col("effect") != 0))
         if frame.height == 0:
             continue
-        sign_effect = frame["effect"].sign()
-        sign_adv = frame["advantage"].sign()
+        agrees = frame["effect"].sign() == frame["advantage"].sign()
+        zero = frame["advantage"] == 0
         lines.append(
-            f"| {variant} | {frame.height} | {(sign_effect == sign_adv).mean():.3f} | "
-            f"{(frame['advantage'] == 0).mean():.3f} | "
+            f"| {variant} | {frame.height} | {agrees.mean():.3f} | {zero.mean():.3f} | "
+            f"{agrees.filter(~zero).mean():.3f} | {zero.filter(~frame['flat']).mean():.3f} | "
             f"{frame.filter(pl.col('effect') > 0)['advantage'].mean():.3f} | "
             f"{frame.filter(pl.col('effect') < 0)['advantage'].mean():.3f} |"
         )
