@@ -83,6 +83,10 @@ class RolloutConfig:
     history: int = 2  # observation/action pairs in the prompt; -1 = all
     max_prompt_tokens: int = 2048
     batch_size: int = 128  # episodes per batched policy call
+    # which episodes share a batched policy call: "all" active episodes of the process (fastest), or
+    # only those of one group, so a row's log-probs do not depend on which other groups share the
+    # process: steps tables then byte-identical under --shard and the Ray executor (docs/scaling.md)
+    batch_scope: Literal["all", "group"] = "all"
     max_env_errors: int = 8  # environment exceptions tolerated per iteration before aborting
     # engine-specific settings (hf: token_budget, logit_budget; vllm: gpu_memory_utilization,
     # tensor_parallel_size, max_model_len, reload = "fresh" | "reload_weights")

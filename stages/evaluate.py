@@ -164,6 +164,7 @@ def evaluate_model(
         policy_version=checkpoint_name,
         progress=progress,
         batch_size=config.rollout.batch_size,
+        batch_scope=config.rollout.batch_scope,
         max_new_tokens=config.rollout.max_new_tokens,
         max_prompt_tokens=config.rollout.max_prompt_tokens,
         max_env_errors=config.rollout.max_env_errors,

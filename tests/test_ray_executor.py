@@ -112,6 +112,23 @@ def test_a_two_iteration_ray_loop_equals_the_local_loop(ray_cluster, reference: 
     assert_same_run(reference, run.root)
 
 
+@pytest.mark.slow
+def test_a_with_group_batch_scope_the_ray_steps_file_is_the_local_one_byte_for_byte(
+    ray_cluster, tmp_path: Path
+) -> None:
+    """SPEC §12's byte-identical merge: with ``rollout.batch_scope = "group"`` an actor's policy calls
+    batch exactly what the local run's do, so the merged steps file is the local file's bytes,
+    log-probs included (under the default "all" they differ in the last bits: tests/test_rollout.py)."""
+    files = []
+    for executor in ("local", "ray"):
+        config = micro_config()
+        config.rollout.batch_scope, config.cluster.executor = "group", executor
+        run = create_run(tmp_path / executor, config)
+        run_loop(run, config, 1)
+        files.append(run.table_path(0, "steps").read_bytes())
+    assert files[0] == files[1]
+
+
 # ---------------------------------------------------------------------------------------------
 # (b) failures: a dead actor is replaced; past max_restarts a rerun plays only the missing shards
 

@@ -283,6 +283,60 @@ def test_shards_merge_into_the_unsharded_table(tmp_path, corridor_registered) ->
     assert not list(sharded.iter_dir(0).glob("*.shard-*"))
 
 
+@pytest.mark.parametrize("mode", ["choose", "generate"])
+def test_group_batch_scope_makes_sharded_steps_byte_identical(tmp_path, corridor_registered, mode) -> None:
+    """With ``rollout.batch_scope = "group"`` a group's episodes share policy calls only with each
+    other, so the shards' log-probs carry the unsharded run's float bits: the merged steps file is
+    the same bytes. Under the default "all", the same shards change the batches, and the log-probs
+    (only they) differ in the last bits, which is what the setting is for."""
+    tables = {}
+    for scope in ("all", "group"):
+        config = _config(rollout={"batch_scope": scope, "mode": mode, "max_new_tokens": 12})
+        whole = create_run(tmp_path / f"whole-{scope}", config)
+        run_rollout(whole, 0, config, progress=False)
+        sharded = create_run(tmp_path / f"sharded-{scope}", config)
+        for shard in (1, 0):
+            run_rollout(sharded, 0, config, shard=(shard, 2), progress=False)
+        tables[scope] = whole.read(0, "steps"), sharded.read(0, "steps")
+        paths = whole.table_path(0, "steps"), sharded.table_path(0, "steps")
+        if scope == "group":
+            assert paths[0].read_bytes() == paths[1].read_bytes()
+    (all_whole, all_sharded), (group_whole, _) = tables["all"], tables["group"]
+    assert all_whole.drop("response_logprobs").equals(all_sharded.drop("response_logprobs"))
+    assert not all_whole["response_logprobs"].equals(all_sharded["response_logprobs"])
+    # the scope changes only how calls are batched, never a decision
+    assert group_whole.drop("response_logprobs").equals(all_whole.drop("response_logprobs"))
+
+
+def test_turn_batches_keep_scopes_apart_and_reproduce_length_sorted_slices() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from stages.rollout.collect import turn_batches
+
+    @given(
+        st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9)), max_size=30),
+        st.integers(1, 5),
+    )
+    def check(episodes: list[tuple[int, int]], batch_size: int) -> None:
+        scopes, lengths = [g for g, _ in episodes], [n for _, n in episodes]
+        batches = turn_batches(scopes, lengths, batch_size)
+        assert sorted(i for b in batches for i in b) == list(range(len(episodes)))
+        assert all(1 <= len(b) <= batch_size and len({scopes[i] for i in b}) == 1 for b in batches)
+        # one scope: the length-sorted order cut every batch_size (the "all" batching)
+        order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+        assert turn_batches([0] * len(lengths), lengths, batch_size) == [
+            order[k : k + batch_size] for k in range(0, len(order), batch_size)
+        ]
+        # a scope's batches depend on that scope's episodes alone
+        for scope in set(scopes):
+            mine = [i for i, g in enumerate(scopes) if g == scope]
+            alone = turn_batches([scope] * len(mine), [lengths[i] for i in mine], batch_size)
+            assert [b for b in batches if scopes[b[0]] == scope] == [[mine[i] for i in b] for b in alone]
+
+    check()
+
+
 @pytest.mark.slow
 def test_killed_rollout_leaves_no_finished_output(tmp_path) -> None:
     script = f"""

@@ -164,6 +164,7 @@ def collect_episodes(
     group_ids: Sequence[int] | None = None,
     group_count: int | None = None,
     batch_size: int = 128,
+    batch_scope: str = "all",
     max_new_tokens: int = 512,
     max_prompt_tokens: int = 2048,
     max_env_errors: int | None = None,
@@ -175,13 +176,16 @@ def collect_episodes(
     ``group_ids[k]`` is the index of ``tasks[k]``'s group in the iteration (default 0..len-1; a shard
     passes its subset so names and random streams match the unsharded run); ``group_count`` fixes the
     digits of group names. ``max_env_errors``: more environment exceptions than this abort with a
-    GraftError (None = no limit). ``stats`` (optional dict) receives counters: env_errors,
-    prompt_truncated, scored_tokens, policy_calls.
+    GraftError (None = no limit). ``batch_scope``: "all" batches every active episode of a turn,
+    "group" only the episodes of one group (see ``turn_batches``). ``stats`` (optional dict) receives
+    counters: env_errors, prompt_truncated, scored_tokens, policy_calls.
     """
     if mode not in ("choose", "generate"):
         raise GraftError(f"rollout.mode = '{mode}': expected 'choose' or 'generate'")
     if group_size < 1 or batch_size < 1:
         raise GraftError("rollout: group_size and batch_size must be >= 1")
+    if batch_scope not in ("all", "group"):
+        raise GraftError(f"rollout.batch_scope = '{batch_scope}': expected 'all' or 'group'")
     group_ids = list(range(len(tasks))) if group_ids is None else list(group_ids)
     if len(group_ids) != len(tasks):
         raise ValueError("one group id per task")
@@ -217,11 +221,8 @@ def collect_episodes(
     try:
         while active := [s for s in slots if not s.episode.done]:
             texts, prompt_ids = renderer.prompts(active)
-            # batches of similar prompt length waste less on padding; decisions do not depend on
-            # batching (per-episode streams), so the order only changes speed
-            order = sorted(range(len(active)), key=lambda i: (len(prompt_ids[i]), i))
-            for start in range(0, len(order), batch_size):
-                picked = order[start : start + batch_size]
+            scopes = [s.group for s in active] if batch_scope == "group" else [0] * len(active)
+            for picked in turn_batches(scopes, [len(ids) for ids in prompt_ids], batch_size):
                 batch = [active[i] for i in picked]
                 prompts = ([texts[i] for i in picked], [prompt_ids[i] for i in picked])
                 if mode == "choose":
@@ -248,6 +249,25 @@ def collect_episodes(
     if stats is not None:
         stats.update(counters)
     return _steps_frame(slots, iteration, policy_version, group_digits, rollout_digits)
+
+
+def turn_batches(scopes: Sequence[int], prompt_lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """The batched policy calls of one turn: lists of indices into the turn's active episodes.
+
+    Episodes share a call only when their ``scopes`` are equal (one scope per episode: its group under
+    ``batch_scope = "group"``, else all the same). Within a scope they are sorted by prompt length
+    (then by position), because batches of similar length waste less on padding, and cut into calls
+    of at most ``batch_size``. Sampling decisions never depend on batching (per-episode random
+    streams); the float bits of log-probs do, through padding widths and batch shapes, which is why
+    a scope that holds one group makes them independent of the other groups in the process."""
+    order = sorted(range(len(scopes)), key=lambda i: (scopes[i], prompt_lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and len(batches[-1]) < batch_size and scopes[batches[-1][0]] == scopes[i]:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def _choose_turn(

@@ -51,6 +51,7 @@ def collect_groups(
         group_ids=[g for g, _ in groups],
         group_count=config.rollout.groups,
         batch_size=config.rollout.batch_size if batch_size is None else batch_size,
+        batch_scope=config.rollout.batch_scope,
         max_new_tokens=config.rollout.max_new_tokens if max_new_tokens is None else max_new_tokens,
         max_prompt_tokens=config.rollout.max_prompt_tokens,
         max_env_errors=config.rollout.max_env_errors,
