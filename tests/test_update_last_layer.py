@@ -157,3 +157,34 @@ def test_response_log_probs_are_unchanged_by_pruning(monkeypatch):
         out[prune] = lp_mod.response_log_probs(model, prompts, responses, temperature=0.7, with_entropy=True)
     for a, b in zip(out[False], out[True], strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+
+
+def test_changed_transformers_internals_turn_the_fast_path_off(monkeypatch):
+    """A transformers release that renames or re-signs an internal the fast path uses (as
+    ``create_causal_mask``'s cache argument was) must not crash the update: the model is scored with
+    the plain forward, with the same numbers."""
+    from stages.update import last_layer
+
+    def renamed(**kwargs):
+        raise TypeError("create_causal_mask() got an unexpected keyword argument")
+
+    model = qwen2(2, seed=3)
+    rng = np.random.default_rng(9)
+    prompts, responses = random_rows(rng, 5, (4, 20), (1, 6))
+    expected = lp_mod.response_log_probs(qwen2(2, seed=3), prompts, responses, temperature=1.0)
+    monkeypatch.setattr(last_layer, "create_causal_mask", renamed)
+    assert not supports_last_layer_pruning(model)
+    got = lp_mod.response_log_probs(model, prompts, responses, temperature=1.0)
+    for a, b in zip(expected, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+
+
+def test_internals_that_give_other_numbers_turn_the_fast_path_off(monkeypatch):
+    """The once-per-model check compares numbers, not only signatures: an internal that still runs but
+    computes something else (here the rotary helper) is caught before any update uses it."""
+    from stages.update import last_layer
+
+    monkeypatch.setattr(last_layer, "rotate_half", lambda x: torch.zeros_like(x))
+    assert not supports_last_layer_pruning(qwen2(2, seed=4))
+    monkeypatch.undo()
+    assert supports_last_layer_pruning(qwen2(2, seed=4))

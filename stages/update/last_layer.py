@@ -17,20 +17,52 @@ last layer's query projection, attention rows, output projection and MLP cut to 
 positions (about 40% of a 2-layer tiny model's forward + backward). It is used for Qwen2 models
 whose last layer is full attention and whose layers are not FSDP units (a sharded unit gathers its
 parameters only when called as a whole); every other model takes the plain forward.
+
+The path rebuilds ``Qwen2Model.forward`` from transformers internals (``create_causal_mask``, the
+attention interface registry, ``rotate_half``), which are not a stable API: their names and
+signatures change between releases. So it is a fast path behind two checks, never a dependency:
+the internals must import, and the first time a model is scored, the pruned result is compared with
+the plain decoder forward on a short padded batch (:func:`_agrees_with_plain_forward`). Any import
+error, exception or difference above ``SELF_CHECK_ATOL`` turns the fast path off for that model, and
+the update takes the plain forward -- the same numbers, only slower.
 """
 
 from __future__ import annotations
 
+import inspect
+import weakref
+from typing import Any
+
 import torch
-from transformers.masking_utils import create_causal_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward, rotate_half
+
+try:  # internals: see the module docstring
+    from transformers.masking_utils import create_causal_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward, rotate_half
+
+    INTERNALS_IMPORTED = True
+except ImportError:  # pragma: no cover - depends on the installed transformers
+    INTERNALS_IMPORTED = False
 
 PRUNABLE_MODEL_TYPES = ("qwen2",)
+SELF_CHECK_ATOL = 1e-4  # float32 rounding of the two paths differs by ~1e-6 on the tiny model
+_SELF_CHECKED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def supports_last_layer_pruning(lm: torch.nn.Module) -> bool:
-    """Whether :func:`selected_final_hidden` applies to causal LM ``lm`` (else use the full forward)."""
+    """Whether :func:`selected_final_hidden` applies to causal LM ``lm`` (else use the full forward):
+    a Qwen2 model whose shape the fast path covers, with transformers internals that still give the
+    plain forward's numbers on this model (checked once per model)."""
+    if not INTERNALS_IMPORTED or not _shape_supported(lm):
+        return False
+    verdict = _SELF_CHECKED.get(lm)
+    if verdict is None:
+        verdict = _agrees_with_plain_forward(lm)
+        _SELF_CHECKED[lm] = verdict
+    return verdict
+
+
+def _shape_supported(lm: torch.nn.Module) -> bool:
     config = getattr(lm, "config", None)
     if config is None or getattr(config, "model_type", None) not in PRUNABLE_MODEL_TYPES:
         return False
@@ -49,6 +81,48 @@ def supports_last_layer_pruning(lm: torch.nn.Module) -> bool:
     except ImportError:  # pragma: no cover - torch without FSDP2
         return True
     return not isinstance(layers[-1], FSDPModule)
+
+
+def _agrees_with_plain_forward(lm: torch.nn.Module) -> bool:
+    """Run both paths on two short rows (one left-padded) and compare the selected hidden states."""
+    try:
+        device = next(lm.parameters()).device
+        vocab = int(lm.config.vocab_size)
+        length = 6
+        input_ids = (torch.arange(2 * length, device=device).view(2, length) * 7 + 3) % vocab
+        attention_mask = torch.ones_like(input_ids)
+        attention_mask[1, :2] = 0
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        sel_batch = torch.tensor([0, 0, 1, 1], device=device)
+        sel_position = torch.tensor([1, 5, 2, 5], device=device)
+        with torch.no_grad():
+            plain = lm.get_decoder()(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            )[0][sel_batch, sel_position]
+            pruned = selected_final_hidden(
+                lm, input_ids, attention_mask, position_ids, sel_batch, sel_position
+            )
+        return bool(torch.allclose(pruned.float(), plain.float(), rtol=0.0, atol=SELF_CHECK_ATOL))
+    except Exception:  # any change in the internals: take the plain forward
+        return False
+
+
+def _cache_keyword() -> str:
+    """The name of ``create_causal_mask``'s cache argument: ``past_key_values`` up to transformers
+    5.19, ``cache`` after (where the old name is deprecated)."""
+    parameters = inspect.signature(create_causal_mask).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _causal_mask(config: Any, hidden: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
+    """The decoder's attention mask as ``Qwen2Model.forward`` builds it (no cache)."""
+    return create_causal_mask(
+        config=config,
+        inputs_embeds=hidden,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        **{_cache_keyword(): None},
+    )
 
 
 def _query_layout(
@@ -94,13 +168,7 @@ def selected_final_hidden(
     if position_ids is None:
         position_ids = torch.arange(length, device=hidden.device).unsqueeze(0)
     # the masks and rotary tables exactly as Qwen2Model.forward builds them
-    mask = create_causal_mask(
-        config=config,
-        inputs_embeds=hidden,
-        attention_mask=attention_mask,
-        cache=None,
-        position_ids=position_ids,
-    )
+    mask = _causal_mask(config, hidden, attention_mask, position_ids)
     cos, sin = decoder.rotary_emb(hidden, position_ids)
     for layer in decoder.layers[:-1]:
         hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=(cos, sin))
