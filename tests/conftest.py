@@ -8,6 +8,9 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+# first: importing stages hides a torch extension built for another torch (stages/policy/torch_extensions.py)
+# before any test module imports transformers
+import stages  # noqa: F401, I001
 from schemas.config import Config
 from schemas.rundir import Run, create_run
 
