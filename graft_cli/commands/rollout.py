@@ -30,7 +30,7 @@ def init_model(
     seed: int = typer.Option(0, "--seed", help="Weight seed (same seed -> byte-identical weights)."),
     hidden: int = typer.Option(64, "--hidden", help="Hidden size."),
     layers: int = typer.Option(2, "--layers", help="Transformer layers."),
-    heads: int = typer.Option(4, "--heads", help="Attention heads."),
+    heads: int = typer.Option(2, "--heads", help="Attention heads (hidden / heads >= 32 for vLLM on CPU)."),
     option: list[str] = typer.Option([], "--option", help="Environment option KEY=VALUE (repeatable)."),
     vocab_tasks: int = typer.Option(
         0,

@@ -47,7 +47,7 @@ class TinySpec:
 
     hidden: int = 64
     layers: int = 2
-    heads: int = 4
+    heads: int = 2  # head size hidden / heads = 32, the smallest vLLM's CPU attention supports
     intermediate: int = 0  # 0 = 4 x hidden
     max_positions: int = 4096
 
