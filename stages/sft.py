@@ -315,7 +315,9 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     tokenizer = load_tokenizer(base_model, config.model.trust_remote_code)
     chat = prompt_format(model, tokenizer, config.model.prompt_format) == "chat"
     examples, cut = sft_examples(demos, tokenizer, chat, config.rollout.max_prompt_tokens)
-    pad_id = tokenizer.pad_token_id
+    # padding positions are masked out, so any id works; a tokenizer without a pad token (SmolLM2's,
+    # from transformers 5.2x on) pads with its EOS id
+    pad_id = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
     phases = 1 + sft.dagger_rounds  # the bar's label says where the warm start is: its eta is per phase
     losses = _train_phase(model, examples, pad_id, config, sft.epochs, f"sft phase 1/{phases}: demos")
     update_tables = [sft_update_table(losses, -(-len(examples) // sft.batch_size))]

@@ -710,6 +710,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_recomputes_the_laye
 
     from stages.policy.tiny import TinySpec, random_qwen2
     from stages.update.checkpoint import enable_gradient_checkpointing
+    from stages.update.last_layer import supports_last_layer_pruning
     from stages.update.logprobs import response_log_probs
 
     tok = make_tokenizer()
@@ -726,6 +727,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_recomputes_the_laye
     checkpointed = copy.deepcopy(base)
     layers = enable_gradient_checkpointing(checkpointed)
     assert layers == len(checkpointed.model.layers)
+    supports_last_layer_pruning(checkpointed)  # its once-per-model check runs forwards of its own
     calls = []
     first = checkpointed.model.layers[0]
     hook = first.self_attn.register_forward_hook(lambda *_: calls.append(1))
