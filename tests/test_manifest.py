@@ -10,7 +10,8 @@ import pytest
 
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import MANIFEST_FILE, create_run
+from schemas.manifest import MANIFEST_FILE
+from schemas.rundir import create_run
 from stages.loop import run_loop
 from stages.synth import synth_steps
 from tests.test_loop import fake_runners
@@ -30,8 +31,10 @@ def test_a_finished_iteration_records_its_tables(tmp_path):
     assert {"steps.parquet", "nodes.parquet", "edges.parquet", "values.parquet", "advantages.parquet"} <= set(
         files
     )
-    assert "eval.parquet" not in files and "metrics_loop.parquet" not in files
+    assert {"eval.parquet", "metrics_loop.parquet", "update.parquet"} <= set(files)  # the done-marker too
     assert files["steps.parquet"]["size"] == (run.iter_dir(0) / "steps.parquet").stat().st_size
+    recorded = json.loads((run.iter_dir(0) / MANIFEST_FILE).read_text())["checkpoint"]
+    assert recorded == {"files": {}, "marker": {}}  # the fake update's checkpoint: an empty marker
 
 
 def test_an_intact_run_resumes_with_nothing_to_do(tmp_path):

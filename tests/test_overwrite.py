@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from graft_cli.app import app
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import STAGES, Run, create_run, guard_recompute
+from schemas.recompute import guard_recompute
+from schemas.rundir import STAGES, Run, create_run
 from stages.loop import run_loop
 from tests.test_loop import fake_runners
 

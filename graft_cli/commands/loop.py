@@ -64,6 +64,10 @@ def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) ->
         saved_path = root / "config.toml"
         bookkeeping = (config.checkpoint, config.log, config.cluster)
         if saved_path.is_file():
+            from schemas.rundir import Run
+            from stages.loop import check_resumable
+
+            check_resumable(Run(root), target)  # a changed iteration is refused before anything is written
             saved = load_config(saved_path)
             # compare everything but what never changes an iteration's tables: the stopping point,
             # checkpoint retention, live logging and the executor
@@ -289,7 +293,7 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Replace an existing evaluation of it."),
     ) -> None:
         """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
-        from schemas import write_table
+        from schemas.manifest import verify_finished, write_recorded_table
         from schemas.rundir import open_run, run_lock
         from stages.evaluate import evaluate_model
 
@@ -299,8 +303,12 @@ def register(app: typer.Typer) -> None:
             it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
             if out.is_file() and not force:  # nothing is computed from an evaluation: only it is replaced
                 raise GraftError(f"{out}: {name} is already evaluated; use --force to evaluate it again")
+            # the rest of the iteration (or of the run's top) is what was recorded: the evaluation is
+            # recorded next to it
+            at_top = out.parent.resolve() == run.root.resolve()
+            verify_finished(run, [] if at_top else [it], skip={-1 if at_top else it: {out.name}})
             rows = evaluate_model(run, cfg, model_dir, it, name)
-            write_table(rows, "eval", out)
+            write_recorded_table(run, rows, "eval", out)
         overall = {
             r["name"]: r["value"] for r in rows.filter(rows["task_type"].is_null()).iter_rows(named=True)
         }

@@ -109,7 +109,8 @@ def rollout(
     from graft_cli.commands.confirm import removal_confirmer
     from schemas import write_table
     from schemas.config import load_config
-    from schemas.rundir import Run, guard_recompute, open_run, removed_summary, run_lock
+    from schemas.recompute import guard_recompute, removed_summary
+    from schemas.rundir import Run, open_run, run_lock
     from stages.rollout import parse_shard, rollout_iteration, run_rollout
 
     run_dir = run_arg or run_opt

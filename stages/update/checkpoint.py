@@ -25,13 +25,13 @@ from schemas.errors import GraftError
 from schemas.rundir import (
     CHECKPOINT_MARKER,
     MARKER_FILES_KEY,
+    TRAINER_STATE_DIR,
     atomic_write_text,
     file_digests,
     filled_dir,
 )
 from stages.policy.tokenizer import portable_tokenizer_files
 
-TRAINER_STATE_DIR = "trainer_state"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
 
