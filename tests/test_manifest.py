@@ -87,3 +87,43 @@ def test_unchanged_files_are_hashed_once(tmp_path, monkeypatch):
     assert first > 0
     run_loop(run, config, 2, runners=fake_runners([]), prepare=lambda *_: None)
     assert len(hashed) == first
+
+
+def test_a_table_swapped_in_without_done_marker_or_manifest_is_not_blessed(tmp_path):
+    # the iteration looks interrupted (no done-marker, no manifest), and its steps table is another's:
+    # the loop must not record it as finished
+    run, config = _finished_run(tmp_path)
+    for name in ("metrics_loop.parquet", MANIFEST_FILE):
+        (run.iter_dir(1) / name).unlink()
+    (run.iter_dir(1) / "steps.parquet").write_bytes((run.iter_dir(0) / "steps.parquet").read_bytes())
+    with pytest.raises(GraftError, match=r"iter_0001/(edges|advantages).parquet: .*not one history"):
+        run_loop(run, config, 2, runners=fake_runners([]), prepare=lambda *_: None)
+    assert not (run.iter_dir(1) / MANIFEST_FILE).exists()
+    assert not (run.iter_dir(1) / "metrics_loop.parquet").exists()
+
+
+def test_a_finished_iteration_whose_manifest_was_deleted_is_damage_not_an_old_run(tmp_path):
+    run, config = _finished_run(tmp_path, iters=3)
+    calls: list = []
+    for iteration in (0, 2):  # the first: only the run's manifest knows it had one
+        manifest = run.iter_dir(iteration) / MANIFEST_FILE
+        saved = manifest.read_bytes()
+        manifest.unlink()
+        with pytest.raises(
+            GraftError, match=rf"iter_{iteration:04d}/manifest.json: missing: a finished iteration"
+        ):
+            run_loop(run, config, 4, runners=fake_runners(calls), prepare=lambda *_: None)
+        manifest.write_bytes(saved)
+    assert calls == [] and run.iterations() == [0, 1, 2]  # nothing extended
+
+
+def test_a_run_from_before_manifests_still_resumes(tmp_path):
+    run, config = _finished_run(tmp_path)
+    for iteration in (0, 1):
+        (run.iter_dir(iteration) / MANIFEST_FILE).unlink()
+    (run.root / MANIFEST_FILE).unlink()
+    calls: list = []
+    run_loop(run, config, 3, runners=fake_runners(calls), prepare=lambda *_: None)
+    assert [c for c in calls if c[0] == "rollout"] == [("rollout", 2)]
+    assert json.loads((run.root / MANIFEST_FILE).read_text())["iterations_from"] == 2
+    assert (run.iter_dir(2) / MANIFEST_FILE).is_file()
