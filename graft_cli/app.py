@@ -8,7 +8,6 @@ the traceback instead.
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 import warnings
 
@@ -53,13 +52,12 @@ class _GraftGroup(TyperGroup):
 _display_type_rich = TyperOption.display_type_rich
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def _printable(message: str) -> str:
     """One line with every control character escaped: a path or key from someone else's run cannot
     send terminal escape sequences (or break the line) through an error message."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), message)
+    from graft_cli.printable import printable
+
+    return printable(message)
 
 
 def _option_type_label(self: TyperOption, ctx: click.Context) -> str | None:

@@ -275,3 +275,25 @@ def test_a_plugin_whose_tasks_raise_is_one_line_in_every_command(tmp_path, monke
     for command in (["play", "broken_tasks:Env"], ["demos", "broken_tasks:Env", "-o", str(tmp_path / "d")]):
         line = _one_line(CliRunner().invoke(app, command, input=""))
         assert "cannot list" in line and "KeyError" in line
+
+
+def test_sql_tables_and_errors_show_bidirectional_controls_escaped(tmp_path):
+    # U+202E (right-to-left override) in a cell reversed what the terminal showed after it
+    import polars as pl
+
+    from schemas import write_table
+    from stages.synth import synth_steps
+
+    root = tmp_path / "run"
+    steps = synth_steps(groups=1, group_size=1, horizon=2, seed=1)
+    write_table(
+        steps.with_columns(pl.lit("go\u202eeast\u2066").alias("action")),
+        "steps",
+        root / "iter_0000" / "steps.parquet",
+    )
+    result = CliRunner().invoke(app, ["sql", str(root), "SELECT DISTINCT action FROM steps"])
+    assert result.exit_code == 0, result.output
+    assert "\u202e" not in result.output and "\u2066" not in result.output
+    assert "go\\u202eeast\\u2066" in result.output
+    line = _one_line(CliRunner().invoke(app, ["sql", str(tmp_path / "no\u202erun"), "SELECT 1"]))
+    assert "\u202e" not in line and "no\\u202erun" in line

@@ -68,6 +68,9 @@ def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) ->
             from stages.loop import check_resumable
 
             check_resumable(Run(root), target)  # a changed iteration is refused before anything is written
+            from stages.update.lora import check_continuation
+
+            check_continuation(Run(root), config)  # so is a LoRA setting the next update would ignore
             saved = load_config(saved_path)
             # compare everything but what never changes an iteration's tables: the stopping point,
             # checkpoint retention, live logging and the executor

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
-from schemas.config import LoraConfig
+from schemas.config import Config, LoraConfig
 from schemas.errors import GraftError
+from schemas.rundir import Run
 from stages.policy.adapters import ADAPTER_CONFIG, adapter_base, attach_adapter, is_adapter_dir
 from stages.update.checkpoint import load_model
 
@@ -42,7 +43,8 @@ def peft_config(cfg: LoraConfig) -> Any:
 
 
 def check_saved_settings(checkpoint: Path, cfg: LoraConfig) -> None:
-    """A resumed LoRA run must ask for the adapters it has (a changed r or alpha would be ignored)."""
+    """A resumed LoRA run must ask for the adapters it has: a changed r, alpha or target_modules would
+    be ignored (the adapters continue as they were trained)."""
     saved = json.loads((checkpoint / ADAPTER_CONFIG).read_text())
     for key, peft_key in (("r", "r"), ("alpha", "lora_alpha")):
         if float(saved.get(peft_key, float("nan"))) != float(getattr(cfg, key)):
@@ -50,6 +52,40 @@ def check_saved_settings(checkpoint: Path, cfg: LoraConfig) -> None:
                 f"update.lora.{key} = {getattr(cfg, key)} but {checkpoint} holds adapters trained with "
                 f"{key} = {saved.get(peft_key)} (start a new run, or set it back)"
             )
+    trained = trained_target_modules(checkpoint, saved)
+    if trained is not None and trained != set(cfg.target_modules):
+        shown = sorted(trained) if trained else "[] (every linear layer)"
+        raise GraftError(
+            f"update.lora.target_modules = {list(cfg.target_modules)} but {checkpoint} holds adapters "
+            f"trained on {shown} (start a new run, or set it back)"
+        )
+
+
+def check_continuation(run: Run, config: Config) -> None:
+    """Before a run is extended: LoRA settings that the newest LoRA checkpoint's adapters were not
+    trained with are refused (``check_saved_settings``) rather than written to config.toml."""
+    latest = run.latest_checkpoint()
+    if config.update.lora.r >= 1 and latest is not None and is_adapter_dir(latest):
+        check_saved_settings(latest, config.update.lora)
+
+
+def trained_target_modules(checkpoint: Path, adapter_config: dict[str, Any]) -> set[str] | None:
+    """``update.lora.target_modules`` the adapters of ``checkpoint`` were trained with, as a set (empty:
+    every linear layer); None when it cannot be told. The marker records the setting; for older
+    checkpoints peft's saved list tells it (``all-linear`` is saved resolved to full module paths)."""
+    from schemas.rundir import CHECKPOINT_MARKER
+
+    try:
+        recorded = json.loads((checkpoint / CHECKPOINT_MARKER).read_text())["lora"]["target_modules"]
+        return {str(name) for name in recorded}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    saved = adapter_config.get("target_modules")
+    if saved == "all-linear":
+        return set()
+    if not isinstance(saved, list) or not saved:
+        return None
+    return set() if all("." in str(name) for name in saved) else {str(name) for name in saved}
 
 
 def lora_policy(policy: Path, cfg: LoraConfig, trust_remote_code: bool = False) -> tuple[Any, Path]:
