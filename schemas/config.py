@@ -437,6 +437,10 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
             f"{source}: config key 'cluster.address' = {address!r} is invalid; must be '' (start a local "
             "Ray), 'auto' (the cluster this node joined with ray start), HOST:PORT or ray://HOST:PORT"
         )
+    if address not in ("", "auto") and not 1 <= int(address.rpartition(":")[2]) <= 65535:
+        raise GraftError(
+            f"{source}: config key 'cluster.address' = {address!r} is invalid; the port must be in [1, 65535]"
+        )
     return config
 
 
