@@ -417,6 +417,38 @@ def open_run(path: str | Path) -> Run:
     return Run(root)
 
 
+@dataclass(frozen=True)
+class StartSnapshot:
+    """The folder a new run is about to start in, as it was: whether it existed and what it held."""
+
+    root: Path
+    existed: bool
+    entries: frozenset[Path]
+
+
+def start_snapshot(root: Path) -> StartSnapshot | None:
+    """The state of ``root`` before a new run starts there; None when a run (config.toml) is there."""
+    if (root / "config.toml").is_file():
+        return None
+    entries = frozenset(root.iterdir()) if root.is_dir() else frozenset()
+    return StartSnapshot(root, root.is_dir(), entries)
+
+
+def discard_refused_start(snapshot: StartSnapshot | None) -> bool:
+    """After the start of a new run was refused (a GraftError before any iteration wrote a table):
+    remove what the start wrote -- config.toml, the lock, a tiny model, an initial evaluation -- so
+    the folder is as it was, and fixing the config needs no --force. True when something was removed."""
+    if snapshot is None or any(snapshot.root.glob("iter_*/*.parquet")):
+        return False
+    if not snapshot.root.is_dir():
+        return False
+    added = [p for p in snapshot.root.iterdir() if p not in snapshot.entries]
+    remove_outputs(sorted(added, key=lambda p: p.name == LOCK_FILE))  # the lock last
+    if not snapshot.existed:
+        shutil.rmtree(snapshot.root, ignore_errors=True)
+    return bool(added)
+
+
 def create_run(path: str | Path, config: Config, force: bool = False) -> Run:
     """Create a run directory pinned to ``config``, or reopen one with the same config.
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,12 @@ def check_log_dir(run_root: Path, config: Config) -> None:
         raise GraftError(
             f"log.dir = {config.log.dir!r}: cannot create or write {target} (no writable {probe})"
         )
+    try:  # os.access says yes for /proc and read-only mounts as root: create (and remove) a folder
+        shutil.rmtree(tempfile.mkdtemp(prefix=".graft-probe-", dir=probe))
+    except OSError as exc:
+        raise GraftError(
+            f"log.dir = {config.log.dir!r}: cannot create {target} ({exc.strerror or exc} in {probe})"
+        ) from None
 
 
 def require_backend(config: Config) -> None:

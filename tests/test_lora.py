@@ -293,7 +293,7 @@ def test_unknown_target_modules_are_one_line(tmp_path):
     from stages.update import run_update
 
     run, config = make_run(tmp_path, "choose", lora=LoraConfig(r=2, target_modules=["qkv_proj"]))
-    with pytest.raises(GraftError, match=r"update.lora: .*qkv_proj"):
+    with pytest.raises(GraftError, match=r"update.lora.*qkv_proj"):
         run_update(run, 0, config)
     assert not run.checkpoint_dir(0).exists()
 
@@ -456,3 +456,18 @@ def test_a_loop_with_changed_target_modules_is_refused_before_config_toml_change
     result = CliRunner().invoke(app, [*args, "--force"])
     assert result.exit_code == 2 and "update.lora.target_modules = ['q_proj'] but" in result.output
     assert run.config_path.read_bytes() == saved and run.iterations() == [0]
+
+
+def test_export_prints_no_library_noise(tmp_path):
+    # "Loading weights" and "Writing model shards" progress bars (and peft's warnings) on stderr
+    from graft_cli.app import app
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path / "run", "choose", lora=LORA)
+    run_update(run, 0, config)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # as in a fresh process
+    result = CliRunner().invoke(app, ["export", str(run.root), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == "" and result.stdout.startswith("exported ")
