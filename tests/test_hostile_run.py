@@ -240,3 +240,18 @@ def test_the_initial_evaluation_is_verified_too(finished: Path, tmp_path: Path, 
         _refused_by(finished, tmp_path, readers, f"{finished}/eval.parquet")
     finally:
         evaluation.write_bytes(saved)
+
+
+def test_a_footer_edit_that_renames_a_column_is_refused(finished: Path, tmp_path: Path, damage) -> None:  # type: ignore[no-untyped-def]
+    # the page checksums do not cover the footer: graft sql served the table with a renamed column
+    path = finished / "iter_0001" / "advantages.parquet"
+    data = path.read_bytes()
+    assert b"norm_group_size" in data
+    damage("iter_0001/advantages.parquet", "flip")  # saves the file for the restore
+    path.write_bytes(data.replace(b"norm_group_size", b"norm_group_sizf"))
+    _refused_by(
+        finished,
+        tmp_path,
+        {"sql": READERS["sql"], "report": READERS["report"]},
+        "iter_0001/advantages.parquet",
+    )
