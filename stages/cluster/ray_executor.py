@@ -64,10 +64,11 @@ def connect(cluster: ClusterConfig) -> bool:
     address that does not answer as a Ray head for ever."""
     if ray.is_initialized():
         return False
-    joined = joined_address(cluster.address)
+    joined = joined_address(cluster.address) or _recorded_cluster(cluster.address)
     if joined is not None:
         probe_address(*joined)
     source = joined[1] if joined is not None else f"cluster.address = {cluster.address!r}"
+    local = cluster.address == "" and not os.environ.get("RAY_ADDRESS", "").strip()
     options = {
         "address": cluster.address or None,
         "include_dashboard": False,
@@ -78,7 +79,7 @@ def connect(cluster: ClusterConfig) -> bool:
     for name in _RayNoise.LOGGERS:
         logging.getLogger(name).addFilter(quiet)
     try:
-        if joined is None:
+        if local:
             ray.init(**options)  # a local Ray, started by this process
         else:
             _bounded_init(options, source)
@@ -89,6 +90,23 @@ def connect(cluster: ClusterConfig) -> bool:
         for name in _RayNoise.LOGGERS:
             logging.getLogger(name).removeFilter(quiet)
     return True
+
+
+def _recorded_cluster(address: str) -> tuple[str, str] | None:
+    """With 'auto' (cluster.address or RAY_ADDRESS): the address of the running cluster Ray recorded
+    on this node (``ray start``), to probe like any other; None when there is none (ray.init then
+    says so at once)."""
+    if "auto" not in (address, os.environ.get("RAY_ADDRESS", "").strip()):
+        return None
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except (ConnectionError, ValueError, OSError):
+        return None
+    if not found:
+        return None
+    return found, f"cluster.address = 'auto' (the Ray cluster recorded on this node: {found})"
 
 
 class _RayNoise(logging.Filter):
