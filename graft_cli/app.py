@@ -74,7 +74,7 @@ def _exit_origin(exc: SystemExit) -> str:
 def _printable(message: str) -> str:
     """One line with every control character escaped: a path or key from someone else's run cannot
     send terminal escape sequences (or break the line) through an error message."""
-    from graft_cli.printable import printable
+    from graft_cli.commands.printable import printable
 
     return printable(message)
 

@@ -131,7 +131,7 @@ def sql(
 
 def literal_cell(text: str) -> str:
     """``text`` with every control character and bidirectional override written as an escape."""
-    from graft_cli.printable import printable
+    from graft_cli.commands.printable import printable
 
     return printable(text)
 
