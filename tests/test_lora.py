@@ -434,7 +434,7 @@ def test_export_verifies_the_checkpoint_checksums(tmp_path):
     run_update(run, 0, config)
     weights = run.checkpoint_dir(0) / "adapter_model.safetensors"
     data = bytearray(weights.read_bytes())
-    for i in range(len(data) - 1000, len(data)):  # 1000 flipped bytes, as in the battery
+    for i in range(len(data) - 1000, len(data)):  # 1000 flipped bytes
         data[i] ^= 0xFF
     weights.write_bytes(bytes(data))
     out = tmp_path / "exported"
