@@ -8,7 +8,6 @@ the traceback instead.
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 import warnings
 
@@ -32,6 +31,13 @@ class _GraftGroup(TyperGroup):
                 raise
             typer.echo(f"error: {_printable(str(exc))}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except SystemExit as exc:
+            # graft's own commands end through click's Exit, never SystemExit: this is sys.exit() called
+            # by code graft runs (an environment, a plug-in, a model's own code)
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            typer.echo(f"error: {_printable(_exit_origin(exc))}", err=True)
+            raise typer.Exit(GraftError.exit_code) from None
         except KeyboardInterrupt:
             # Ctrl-C: one line and the shell's code for SIGINT (128 + 2), not click's "Aborted!"
             if ctx.obj and ctx.obj.get("debug"):
@@ -53,13 +59,24 @@ class _GraftGroup(TyperGroup):
 _display_type_rich = TyperOption.display_type_rich
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+def _exit_origin(exc: SystemExit) -> str:
+    """``FILE:LINE called sys.exit(CODE)``: where the SystemExit was raised (its innermost frame)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "code graft ran"
+    return (
+        f"{where} called sys.exit({exc.code!r}) inside graft; an environment or plug-in must raise an "
+        "exception instead"
+    )
 
 
 def _printable(message: str) -> str:
     """One line with every control character escaped: a path or key from someone else's run cannot
     send terminal escape sequences (or break the line) through an error message."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), message)
+    from graft_cli.commands.printable import printable
+
+    return printable(message)
 
 
 def _option_type_label(self: TyperOption, ctx: click.Context) -> str | None:

@@ -440,6 +440,10 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
             f"{source}: config key 'cluster.address' = {address!r} is invalid; must be '' (start a local "
             "Ray), 'auto' (the cluster this node joined with ray start), HOST:PORT or ray://HOST:PORT"
         )
+    if address not in ("", "auto") and not 1 <= int(address.rpartition(":")[2]) <= 65535:
+        raise GraftError(
+            f"{source}: config key 'cluster.address' = {address!r} is invalid; the port must be in [1, 65535]"
+        )
     return config
 
 
@@ -545,7 +549,9 @@ RANGES: dict[str, Rule] = {
     "update.weight_decay": _at_least(0),
     "update.max_tokens_per_batch": _at_least(1),
     "update.kl_probe_rows": _at_least(0),
-    "update.lora.r": _at_least(0),  # 0 = full fine-tuning
+    # 0 = full fine-tuning; the bound only keeps absurd ranks from the allocator (the start checks r
+    # against the model's hidden size)
+    "update.lora.r": _within(0, 65536),
     "update.lora.alpha": _above(0),
     "update.lora.dropout": ((lambda v: 0 <= v < 1), "must be in [0, 1)"),  # 1 would drop every input
     "update.lora.target_modules": (

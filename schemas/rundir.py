@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,11 +51,9 @@ DERIVED_FILES: dict[str, tuple[str, ...]] = {
     "update": ("metrics_update.parquet", "reflogprobs.parquet", "overrides_update.json"),
     "eval": ("overrides_eval.json",),
 }
-# the loop's done-marker, its seconds sidecar and the finished iteration's manifest (removed together)
+# the loop's done-marker, its seconds sidecar and the finished iteration's manifest (removed together;
+# schemas/manifest.py)
 LOOP_FILES = ("metrics_loop.parquet", ".loop_seconds.json", "manifest.json")
-MANIFEST_FILE = "manifest.json"
-# replaced legitimately after an iteration finished (graft eval --force): not in the manifest
-MANIFEST_EXCLUDED = ("metrics_loop.parquet", "eval.parquet", ".loop_seconds.json", MANIFEST_FILE)
 
 
 @dataclass(frozen=True)
@@ -148,7 +146,10 @@ class Run:
                 f"{iteration} acts with the policy after {iteration} updates); run iteration {iteration - 1} "
                 "first (graft loop resumes a run)"
             )
-        return verify_checkpoint(previous)
+        from schemas.manifest import verify_checkpoint_read  # builds on this module
+
+        verify_checkpoint_read(self, iteration - 1)
+        return previous
 
     def output_paths(self, stage: str, iteration: int) -> list[Path]:
         paths = []
@@ -263,52 +264,7 @@ def refuse_code_from_run(source: Path, config: Config, overrides: list[str] | tu
 
 CHECKPOINT_MARKER = "graft_checkpoint.json"
 MARKER_FILES_KEY = "files"  # the marker's {relative path: sha256} of every other file
-
-
-def write_manifest(folder: Path) -> Path:
-    """Record the size and sha256 of every table of a finished iteration (``manifest.json``, atomic),
-    so that resuming can tell a finished iteration from one whose tables were changed since."""
-    files = {}
-    for path in sorted(folder.glob("*.parquet")):
-        if path.name in MANIFEST_EXCLUDED:
-            continue
-        with open(path, "rb") as fh:
-            files[path.name] = {
-                "size": path.stat().st_size,
-                "sha256": hashlib.file_digest(fh, "sha256").hexdigest(),
-            }
-    target = folder / MANIFEST_FILE
-    atomic_write_text(target, json.dumps({"files": files}, indent=2, sort_keys=True))
-    return target
-
-
-def manifest_damage(folder: Path, known_intact: Callable[[Path], bool] = lambda _: False) -> str | None:
-    """None when every table the iteration's manifest lists is there with its size and checksum (and no
-    table was added), else what differs (one line). No manifest (a run from before manifests): None.
-    ``known_intact(path)``: True skips hashing a file already checked in its current state."""
-    target = folder / MANIFEST_FILE
-    if not target.is_file():
-        return None
-    try:
-        files = json.loads(target.read_text())["files"]
-        assert isinstance(files, dict)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
-        return f"{target}: unreadable manifest"
-    present = {p.name for p in folder.glob("*.parquet") if p.name not in MANIFEST_EXCLUDED}
-    for name in sorted(present - set(files)):
-        return f"{folder / name}: not in the finished iteration's manifest (added after it finished)"
-    for name, entry in sorted(files.items()):
-        path = folder / name
-        if not path.is_file():
-            return f"{path}: listed in the finished iteration's manifest but missing"
-        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size"):
-            return f"{path}: size differs from the finished iteration's manifest (the table was replaced)"
-        if known_intact(path):
-            continue
-        with open(path, "rb") as fh:
-            if hashlib.file_digest(fh, "sha256").hexdigest() != entry.get("sha256"):
-                return f"{path}: checksum differs from the finished iteration's manifest (changed or damaged)"
-    return None
+TRAINER_STATE_DIR = "trainer_state"  # a checkpoint's optimizer state (retention may drop it)
 
 
 def record_overrides(run: Run, iteration: int, stage: str, overrides: list[str] | tuple[str, ...]) -> None:
@@ -320,74 +276,6 @@ def record_overrides(run: Run, iteration: int, stage: str, overrides: list[str] 
         atomic_write_text(path, json.dumps({"stage": stage, "set": list(overrides)}, indent=2))
     else:
         path.unlink(missing_ok=True)
-
-
-ACTING_STAGES = ("rollout", "update")  # stages that act with (or train) the previous checkpoint's policy
-
-
-def guard_recompute(
-    run: Run, stage: str, iteration: int, force: bool, confirm: Callable[[str], bool] | None = None
-) -> list[Path]:
-    """Before a stage command recomputes ``stage`` of ``iteration``: refuse (GraftError) when its output is
-    finished or anything computed from it exists, unless ``force``; with ``force`` remove what depends
-    on it (``Run.dependent_outputs``) and return the removed paths.
-
-    A recomputed stage would otherwise leave later stages and iterations built on the old output: a
-    run that silently mixes two histories (e.g. advantages of 133 steps next to a steps table of 146).
-    ``confirm(what)`` is asked before later iterations are removed (the CLI: a prompt, or ``--yes``);
-    False removes nothing.
-    """
-    finished = run.stage_complete(stage, iteration) if iteration >= 0 else run.initial_eval_path.is_file()
-    dependents = run.dependent_outputs(stage, iteration)
-    if not force and (finished or dependents):
-        what = (
-            f"{stage} of iteration {iteration} is finished"
-            if finished
-            else f"{stage} of iteration {iteration} has later outputs"
-        )
-        tail = (
-            f" and remove what depends on it: {describe_outputs(run, iteration, dependents)}"
-            if dependents
-            else ""
-        )
-        raise GraftError(f"{run.root}: {what}; use --force to recompute it{tail}")
-    if force and dependents and stage in ACTING_STAGES:
-        # what the stage will act from must be intact before anything is removed: retention may have
-        # pruned it, and removing the later iterations first would leave a run that cannot resume
-        try:
-            run.acting_checkpoint(iteration, stage)
-        except GraftError as exc:
-            raise GraftError(f"{exc}; --force removed nothing") from None
-    later = [p for p in dependents if p.name.startswith("iter_") and p.name != run.iter_dir(iteration).name]
-    if force and later and confirm is not None and not confirm(describe_outputs(run, iteration, dependents)):
-        raise GraftError(f"{run.root}: --force not confirmed; nothing was removed")
-    if force:
-        remove_outputs(dependents)
-    return dependents
-
-
-def describe_outputs(run: Run, iteration: int, paths: list[Path]) -> str:
-    """``iter_0003/{nodes,edges,...}.parquet, checkpoints/iter_0003, iterations 4..9`` for dependents."""
-    inside = [
-        p for p in reversed(paths) if p.parent == run.iter_dir(iteration) and not p.name.startswith(".")
-    ]
-    parts = []
-    if inside:
-        parts.append(f"{run.iter_dir(iteration).name}/{{{','.join(p.name for p in inside)}}}")
-    if run.checkpoint_dir(iteration) in paths:
-        parts.append(f"checkpoints/{run.checkpoint_dir(iteration).name}")
-    later = sorted(
-        {int(p.name[5:]) for p in paths if p.name.startswith("iter_") and p.name[5:].isdigit()} - {iteration}
-    )
-    if later:
-        span = f"{later[0]}" if len(later) == 1 else f"{later[0]}..{later[-1]}"
-        parts.append(f"iteration{'s' if len(later) > 1 else ''} {span} with their checkpoints")
-    return ", ".join(parts)
-
-
-def removed_summary(run: Run, iteration: int, paths: list[Path]) -> str:
-    """``removed what was computed from it: ...`` ('' when nothing was removed)."""
-    return f"removed what was computed from it: {describe_outputs(run, iteration, paths)}" if paths else ""
 
 
 def remove_outputs(paths: list[Path]) -> None:
@@ -527,6 +415,38 @@ def open_run(path: str | Path) -> Run:
     if not (root / "config.toml").is_file():
         raise GraftError(f"{root}: not a graft run (no config.toml)")
     return Run(root)
+
+
+@dataclass(frozen=True)
+class StartSnapshot:
+    """The folder a new run is about to start in, as it was: whether it existed and what it held."""
+
+    root: Path
+    existed: bool
+    entries: frozenset[Path]
+
+
+def start_snapshot(root: Path) -> StartSnapshot | None:
+    """The state of ``root`` before a new run starts there; None when a run (config.toml) is there."""
+    if (root / "config.toml").is_file():
+        return None
+    entries = frozenset(root.iterdir()) if root.is_dir() else frozenset()
+    return StartSnapshot(root, root.is_dir(), entries)
+
+
+def discard_refused_start(snapshot: StartSnapshot | None) -> bool:
+    """After the start of a new run was refused (a GraftError before any iteration wrote a table):
+    remove what the start wrote -- config.toml, the lock, a tiny model, an initial evaluation -- so
+    the folder is as it was, and fixing the config needs no --force. True when something was removed."""
+    if snapshot is None or any(snapshot.root.glob("iter_*/*.parquet")):
+        return False
+    if not snapshot.root.is_dir():
+        return False
+    added = [p for p in snapshot.root.iterdir() if p not in snapshot.entries]
+    remove_outputs(sorted(added, key=lambda p: p.name == LOCK_FILE))  # the lock last
+    if not snapshot.existed:
+        shutil.rmtree(snapshot.root, ignore_errors=True)
+    return bool(added)
 
 
 def create_run(path: str | Path, config: Config, force: bool = False) -> Run:

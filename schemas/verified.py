@@ -58,16 +58,17 @@ def _save(path: Path, entries: dict[str, list[int]]) -> None:
         pass
 
 
-def known_intact(kind: str) -> tuple[Callable[[Path], bool], Callable[[], None]]:
-    """(check, commit) for another check keyed the same way (``kind``, e.g. "manifest"): ``check(path)``
-    is True when ``path`` passed a ``kind`` check in its current state; after every file passed, ``commit()``
-    records the ones asked about (so a failed check records nothing)."""
+def known_intact(kind: str) -> tuple[Callable[..., bool], Callable[[], None]]:
+    """(check, commit) for another check keyed the same way (``kind``, e.g. "manifest"): ``check(path,
+    expected="")`` is True when ``path`` passed a ``kind`` check against ``expected`` (e.g. the checksum
+    a manifest records) in its current state; after every file passed, ``commit()`` records the ones
+    asked about (so a failed check records nothing)."""
     cache_path = cache_dir() / CACHE_FILE
     cache = _load(cache_path)
     asked: dict[str, list[int]] = {}
 
-    def check(path: Path) -> bool:
-        key = f"{kind}:{Path(path).resolve()}"
+    def check(path: Path, expected: str = "") -> bool:
+        key = f"{kind}:{expected}:{Path(path).resolve()}" if expected else f"{kind}:{Path(path).resolve()}"
         identity = file_identity(Path(path))
         asked[key] = identity
         return cache.get(key) == identity

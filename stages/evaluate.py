@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from schemas import write_table
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import Run, checkpoint_complete, verify_checkpoint
+from schemas.manifest import verify_checkpoint_read, write_recorded_table
+from schemas.rundir import Run, checkpoint_complete
 
 EVAL_METRICS = ("success_rate", "mean_return", "mean_turns", "mean_score", "invalid_rate", "episodes")
 EVAL_PURPOSE = 0xE7A1  # the eval stream of SeedSequence((run.seed, iteration + 1, purpose))
@@ -124,7 +124,8 @@ def policy_dir(run: Run, iteration: int, config: Config) -> Path:
     path = run.checkpoint_dir(iteration)
     if not checkpoint_complete(path):
         raise GraftError(f"{path}: no complete checkpoint for iteration {iteration}")
-    return verify_checkpoint(path)
+    # what its finished iteration recorded, and intact (the evaluation is what gets replaced)
+    return verify_checkpoint_read(run, iteration, skip=[output_path(run, iteration).name])
 
 
 def output_path(run: Run, iteration: int) -> Path:
@@ -179,4 +180,4 @@ def run_eval(run: Run, iteration: int, config: Config) -> None:
     model_dir = policy_dir(run, iteration, config)
     name = "initial" if iteration < 0 else model_dir.name
     rows = evaluate_model(run, config, model_dir, iteration, name)
-    write_table(rows, "eval", output_path(run, iteration))
+    write_recorded_table(run, rows, "eval", output_path(run, iteration))

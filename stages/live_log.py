@@ -12,10 +12,10 @@ curve in TensorBoard is the same number as in ``graft sql`` / ``graft report``:
 
 The writer is ``tensorboardX`` (pure Python, offline event files; no TensorFlow or ``tensorboard``
 server needed to write them): ``pip install -e '.[log]'`` in the graft checkout. Event files go to ``log.dir`` (default
-``<run>/tensorboard``; a relative one is taken from the run directory); view them with ``tensorboard --logdir runs/NAME/tensorboard``. A resumed run
-opens a new event file in the same directory; TensorBoard merges them. ``logged_iterations.json``
-there records what was logged, so a resumed loop first logs the finished iterations a kill kept from
-their log line.
+``<run>/tensorboard``; a relative one is taken from the run directory); view them with ``tensorboard --logdir runs/NAME/tensorboard``. Each logged
+iteration is one event file, closed before ``logged_iterations.json`` there records it (so a kill
+never loses scalars the ledger counts as written); TensorBoard merges the files. A resumed loop first
+logs the finished iterations a kill kept from their log line.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,12 @@ def check_log_dir(run_root: Path, config: Config) -> None:
         raise GraftError(
             f"log.dir = {config.log.dir!r}: cannot create or write {target} (no writable {probe})"
         )
+    try:  # os.access says yes for /proc and read-only mounts as root: create (and remove) a folder
+        shutil.rmtree(tempfile.mkdtemp(prefix=".graft-probe-", dir=probe))
+    except OSError as exc:
+        raise GraftError(
+            f"log.dir = {config.log.dir!r}: cannot create {target} ({exc.strerror or exc} in {probe})"
+        ) from None
 
 
 def require_backend(config: Config) -> None:
@@ -107,14 +116,8 @@ class TensorBoardLogger:
     """Writes scalars to TensorBoard event files (``tensorboardX.SummaryWriter``)."""
 
     def __init__(self, directory: Path) -> None:
-        from tensorboardX import SummaryWriter
-
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        # a unique suffix: two writers opened within one second (a quick resume) would otherwise share
-        # the timestamped file name, and the second would overwrite the first's scalars
-        suffix = f".{os.getpid()}.{os.urandom(4).hex()}"
-        self._writer: Any = SummaryWriter(logdir=str(directory), filename_suffix=suffix)
         self.logged = self._read_ledger()
 
     def _read_ledger(self) -> set[int]:
@@ -126,10 +129,22 @@ class TensorBoardLogger:
 
     def log_iteration(self, run: Run, iteration: int) -> int:
         """Write the scalars of ``iteration`` (see the module docstring); returns how many."""
+        from tensorboardX import SummaryWriter
+
         scalars = iteration_scalars(run, iteration)
-        for tag, value, step in scalars:
-            self._writer.add_scalar(tag, value, global_step=step)
-        self._writer.flush()  # a live view, and nothing lost when the loop is killed afterwards
+        if scalars:
+            # one event file per logged iteration, closed before the ledger names the iteration:
+            # tensorboardX writes from a queue in its own thread and flush() does not wait for it, so
+            # only close() (which drains the queue) puts every scalar on disk before a kill can come.
+            # The suffix keeps names unique (two files opened within one second would otherwise share
+            # one) and in the order they were written.
+            suffix = f".{time.time_ns()}.{os.getpid()}"
+            writer: Any = SummaryWriter(logdir=str(self.directory), filename_suffix=suffix)
+            try:
+                for tag, value, step in scalars:
+                    writer.add_scalar(tag, value, global_step=step)
+            finally:
+                writer.close()
         self.logged.add(iteration)
         atomic_write_text(self.directory / LEDGER, json.dumps(sorted(self.logged)))
         return len(scalars)
@@ -143,7 +158,7 @@ class TensorBoardLogger:
         return missing
 
     def close(self) -> None:
-        self._writer.close()
+        """Nothing is left open between iterations (each one's file is closed when it is logged)."""
 
 
 def open_logger(run: Run, config: Config) -> TensorBoardLogger | None:

@@ -9,8 +9,10 @@ Per iteration the loop also writes ``iter_NNNN/metrics_loop.parquet`` (stage ``l
 seconds per stage, names ``seconds_<stage>`` and ``seconds_iteration``) and, every
 ``run.eval_every`` iterations and at the last one, ``iter_NNNN/eval.parquet`` for the checkpoint the
 update of that iteration wrote. With ``eval.initial`` the initial policy is evaluated once, into
-``eval.parquet`` at the run root (iter = -1). ``metrics_loop.parquet`` is written last: its presence marks an
-iteration as finished.
+``eval.parquet`` at the run root (iter = -1). When every stage is done the iteration's tables are
+checked against each other and recorded in ``iter_NNNN/manifest.json`` (schemas/manifest.py), and
+``metrics_loop.parquet`` is written last: its presence marks an iteration as finished. A resumed loop
+first verifies every finished iteration against its manifest and refuses a changed one.
 
 After each finished iteration the loop applies checkpoint retention (``[checkpoint]``,
 ``stages/update/retention.py``) and feeds the optional live logger (``[log]``, ``stages/live_log.py``).
@@ -31,11 +33,18 @@ from pathlib import Path
 
 import polars as pl
 
-from schemas import read_table, write_table
+from schemas import read_table
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import STAGES, Run, atomic_write_text, manifest_damage, run_lock, write_manifest
-from schemas.verified import known_intact
+from schemas.manifest import (
+    cross_check,
+    ensure_run_manifest,
+    finish_iteration,
+    iteration_finished,
+    record_file,
+    verify_finished,
+)
+from schemas.rundir import DERIVED_FILES, STAGE_OUTPUTS, STAGES, Run, atomic_write_text, run_lock
 from stages.cluster import check_executor
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
@@ -62,6 +71,15 @@ STAGE_RUNNERS: dict[str, StageRunner] = {
     "eval": run_eval,
 }
 LOOP_TABLE = "metrics_loop"
+# the tables of each stage the loop checks against each other before resuming an iteration
+STAGE_TABLES: dict[str, tuple[str, ...]] = {
+    "rollout": ("steps",),
+    "graph": ("nodes", "edges"),
+    "solve": ("values",),
+    "advantage": ("advantages",),
+    "update": (),
+    "eval": (),
+}
 SECONDS_SIDECAR = ".loop_seconds.json"
 
 
@@ -140,13 +158,18 @@ def run_iteration(
     sidecar = folder / SECONDS_SIDECAR
     seconds = _read_sidecar(sidecar)
     stages = [*STAGES, "eval"] if evaluate else list(STAGES)
+    # finished stages whose outputs verify are skipped, damaged ones run again; the kept tables
+    # must be one history before anything builds on them
+    damage = {s: run.output_damage(s, iteration) for s in stages if run.stage_complete(s, iteration)}
+    kept = [table for s, found in damage.items() if not found for table in STAGE_TABLES[s]]
+    if kept:
+        cross_check(run, iteration, kept)
     for stage in stages:
-        if run.stage_complete(stage, iteration):
-            damage = run.output_damage(stage, iteration)
-            if not damage:
+        if stage in damage:
+            if not damage[stage]:
                 result.skipped.append(stage)
                 continue
-            result.redone[stage] = damage  # a damaged finished output: run the stage again
+            result.redone[stage] = damage[stage]  # a damaged finished output: run the stage again
         start = time.perf_counter()
         if stage in ("update", "eval") and engine_released_for_update(config):
             release_engines()  # the update (or the evaluation's own engine) gets the memory
@@ -159,30 +182,22 @@ def run_iteration(
         atomic_write_text(sidecar, json.dumps(seconds))
     result.seconds = {s: seconds.get(s, 0.0) for s in stages}
     result.evaluated = evaluate
-    write_manifest(folder)  # before the done-marker: a finished iteration always has its manifest
-    write_table(loop_metrics(iteration, result.seconds), "metrics", folder / f"{LOOP_TABLE}.parquet")
+    fresh = {name for stage in result.ran for name in (*STAGE_OUTPUTS[stage], *DERIVED_FILES[stage])}
+    # the tables checked against each other and recorded, then the done-marker
+    finish_iteration(run, iteration, loop_metrics(iteration, result.seconds), fresh=fresh)
     return result
 
 
-def iteration_finished(run: Run, iteration: int) -> bool:
-    return (run.iter_dir(iteration) / f"{LOOP_TABLE}.parquet").is_file()
-
-
-def check_finished_iterations(run: Run, iters: int) -> None:
-    """Every finished iteration below ``iters`` still holds the tables its manifest lists (sizes and
-    sha256; files unchanged since an earlier check are not hashed again); else a GraftError naming the
-    table -- a resumed loop never builds on, nor reports "nothing to do" over, a changed iteration."""
-    check, commit = known_intact("manifest")
-    for iteration in range(iters):
-        if not iteration_finished(run, iteration):
-            continue
-        damage = manifest_damage(run.iter_dir(iteration), check)
-        if damage is not None:
-            raise GraftError(
-                f"{damage}; iteration {iteration} is not what the loop finished (recompute it: graft "
-                f"rollout {run.root} --iter {iteration} --force, or restore the file)"
-            )
-    commit()
+def check_resumable(run: Run, iters: int) -> None:
+    """Every finished iteration still holds what its manifest records (sizes and sha256 of its files,
+    its checkpoint's checksums; files unchanged since an earlier check are not hashed again), so do
+    the tables at the top of the run, and the checkpoint the next iteration acts with is intact; else
+    a GraftError naming the file and what to run -- a resumed loop never builds on, nor reports
+    "nothing to do" over, a changed iteration. Reads only."""
+    verify_finished(run)
+    pending = [i for i in range(iters) if not iteration_finished(run, i)]
+    if pending and pending[0] > 0 and iteration_finished(run, pending[0] - 1):
+        run.acting_checkpoint(pending[0], "rollout")
 
 
 def run_loop(
@@ -244,17 +259,20 @@ def _run_loop_locked(
 ) -> list[IterationResult]:
     runners = runners if runners is not None else STAGE_RUNNERS
     remove_stale_temporaries(run)
+    check_resumable(run, iters)  # before anything reads, prunes or extends the run
+    ensure_run_manifest(run)
     prune_checkpoints(run, config.checkpoint)  # a loop killed before pruning catches up here
     (prepare if prepare is not None else ensure_initial_model)(run, config)
     if config.eval.initial and config.run.eval_every > 0 and not (run.initial_eval_path).is_file():
         # iteration -1 = the initial policy; the eval runner writes <run>/eval.parquet for it
         start = time.perf_counter()
         runners["eval"](run, -1, config)
+        if run.initial_eval_path.is_file():
+            record_file(run, run.initial_eval_path)  # (the eval stage records it already)
         if logger is not None:
             logger.log_iteration(run, -1)
         if on_initial_eval is not None and run.initial_eval_path.is_file():
             on_initial_eval(time.perf_counter() - start)
-    check_finished_iterations(run, iters)
     if logger is not None:
         initial = [-1] if run.initial_eval_path.is_file() else []
         logger.catch_up(run, initial + [i for i in run.iterations() if iteration_finished(run, i)])

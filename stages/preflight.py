@@ -29,6 +29,7 @@ def check_startable(config: Config) -> None:
     check_context(config)
     check_vllm(config)
     resolve_device(config.run.device)
+    check_lora(config)
     check_executor(config)
     env = make_environment(config)  # checks the environment's options, data root and packages
     if config.sft.enabled:
@@ -37,6 +38,50 @@ def check_startable(config: Config) -> None:
 
         demo_env = make_demo_environment(config) if config.sft.env_options else env  # and the warm start's
         check_think(demo_env, config.sft.think)
+
+
+def check_lora(config: Config) -> None:
+    """``update.lora`` against the policy model's shape (``check_lora_fits``), built without weights:
+    the tiny model from its settings, or the architecture ``model.path/config.json`` declares."""
+    if config.update.lora.r < 1:
+        return
+    import torch
+
+    from stages.update.lora import adaptable_layers, check_lora_fits
+
+    if not config.model.path:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        hidden = config.model.tiny_hidden
+        shape = Qwen2Config(
+            vocab_size=8,
+            hidden_size=hidden,
+            intermediate_size=4 * hidden,
+            num_hidden_layers=1,
+            num_attention_heads=config.model.tiny_heads,
+            num_key_value_heads=config.model.tiny_heads,
+            tie_word_embeddings=True,
+        )
+        with torch.device("meta"):
+            layers = adaptable_layers(Qwen2ForCausalLM(shape))
+        check_lora_fits(config.update.lora, hidden, layers, "model.tiny_hidden")
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from stages.policy.remote_code import remote_code_errors
+
+    path, trusted = config.model.path, config.model.trust_remote_code
+    try:
+        with remote_code_errors(path, trusted):
+            shape = AutoConfig.from_pretrained(path, trust_remote_code=trusted)
+            with torch.device("meta"):
+                layers = adaptable_layers(AutoModelForCausalLM.from_config(shape, trust_remote_code=trusted))
+    except (OSError, ValueError):  # an architecture transformers cannot build: the update will say so
+        return
+    hidden = getattr(shape, "hidden_size", None)
+    check_lora_fits(
+        config.update.lora, hidden if isinstance(hidden, int) else None, layers, f"{path}/config.json"
+    )
 
 
 def model_context(config: Config) -> tuple[int | None, str]:

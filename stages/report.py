@@ -25,6 +25,7 @@ import polars as pl
 
 from schemas import read_table
 from schemas.errors import GraftError
+from schemas.manifest import verify_finished
 from schemas.rundir import Run, open_run
 
 # ALFWorld's subtask labels in the order of the paper's Table 1, with its column names; other task
@@ -69,7 +70,9 @@ def _concat(frames: list[pl.DataFrame], table: str) -> pl.DataFrame:
 
 
 def load_run_tables(run: Run, label: str | None = None) -> RunTables:
-    """Read every metrics and eval table of ``run`` (complete files only; temp files are ignored)."""
+    """Read every metrics and eval table of ``run`` (complete files only; temp files are ignored);
+    finished iterations only as their manifests record them."""
+    verify_finished(run)
     metrics_frames, eval_frames = [], []
     for it in run.iterations():
         folder = run.iter_dir(it)

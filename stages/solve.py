@@ -396,7 +396,8 @@ def solve_values(
     ``step_rewards``: "step" (values from the outcomes alone) or "values" (r_e inside the backup).
     """
     index = index if index is not None else index_graph(nodes, edges)
-    value, reaches, propagation, sweeps, residual = solve_index(index, gamma, eps, step_rewards)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked (and named) just below
+        value, reaches, propagation, sweeps, residual = solve_index(index, gamma, eps, step_rewards)
     bad = np.flatnonzero(~np.isfinite(value))
     if bad.size:
         first = index.nodes.row(int(bad[0]), named=True)

@@ -25,7 +25,9 @@ reachable through it. A run holding a symlink that resolves outside the run is r
 
 DuckDB does not verify Parquet page checksums, so before it sees a run every file a view covers is
 read once with pyarrow's verification (schemas.verified: cached by file identity); a damaged byte is
-an error naming the file, never a different number.
+an error naming the file, never a different number. A finished iteration is first checked against its
+manifest (schemas/manifest.py), so a table swapped in from elsewhere, a footer change that renames a
+column or a deleted table is refused too.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ import polars as pl
 
 from schemas.definitions import TABLES
 from schemas.errors import GraftError
+from schemas.manifest import verify_finished
+from schemas.rundir import Run
 from schemas.verified import verify_tables
 
 # View name -> file name pattern inside an iteration directory (metrics: one file per stage).
@@ -199,8 +203,10 @@ def connect(
     globs = table_globs(root)
     if not globs:
         raise GraftError(f"{root}: no graft tables found (expected iter_NNNN/<table>.parquet files)")
-    # DuckDB does not check Parquet page CRCs: every file a view can read is verified first (cached by
-    # file identity, so a second query reads nothing again)
+    # a finished iteration is served only as its manifest records it (a swapped, renamed or deleted
+    # table is refused); DuckDB does not check Parquet page CRCs: every file a view can read is
+    # verified first (both cached by file identity, so a second query reads nothing again)
+    verify_finished(Run(root))
     verify_tables(table_files(root, list(globs)))
     con = duckdb.connect(":memory:")
     try:

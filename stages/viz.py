@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from schemas.errors import GraftError
+from schemas.manifest import verify_finished
 from schemas.rundir import Run, atomic_write_text
 
 MAX_TEXT = 400  # characters of state text kept in a hover title
@@ -122,6 +123,7 @@ def load_group_graph(run: Run, iteration: int, group: str) -> GroupGraph:
     for stage, names in (("rollout", "steps"), ("graph", "nodes/edges"), ("solve", "values")):
         if not run.stage_complete(stage, iteration):
             raise GraftError(f"{run.iter_dir(iteration)}: no {names} table yet (stage {stage} not done)")
+    verify_finished(run, [iteration], root=False)
     steps = run.read(iteration, "steps")
     groups = steps["group_id"].unique(maintain_order=True).to_list()
     group_id = group

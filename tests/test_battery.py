@@ -275,3 +275,167 @@ def test_a_plugin_whose_tasks_raise_is_one_line_in_every_command(tmp_path, monke
     for command in (["play", "broken_tasks:Env"], ["demos", "broken_tasks:Env", "-o", str(tmp_path / "d")]):
         line = _one_line(CliRunner().invoke(app, command, input=""))
         assert "cannot list" in line and "KeyError" in line
+
+
+def test_sql_tables_and_errors_show_bidirectional_controls_escaped(tmp_path):
+    # U+202E (right-to-left override) in a cell reversed what the terminal showed after it
+    import polars as pl
+
+    from schemas import write_table
+    from stages.synth import synth_steps
+
+    root = tmp_path / "run"
+    steps = synth_steps(groups=1, group_size=1, horizon=2, seed=1)
+    write_table(
+        steps.with_columns(pl.lit("go\u202eeast\u2066").alias("action")),
+        "steps",
+        root / "iter_0000" / "steps.parquet",
+    )
+    result = CliRunner().invoke(app, ["sql", str(root), "SELECT DISTINCT action FROM steps"])
+    assert result.exit_code == 0, result.output
+    assert "\u202e" not in result.output and "\u2066" not in result.output
+    assert "go\\u202eeast\\u2066" in result.output
+    line = _one_line(CliRunner().invoke(app, ["sql", str(tmp_path / "no\u202erun"), "SELECT 1"]))
+    assert "\u202e" not in line and "no\\u202erun" in line
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (
+            ["update.lora.r=1099511627776"],
+            "'update.lora.r' = 1099511627776 is invalid; must be in [0, 65536]",
+        ),
+        (
+            ["update.lora.r=17", "model.tiny_hidden=16", "model.tiny_heads=2"],
+            "update.lora.r = 17 exceeds the model's hidden size 16",
+        ),
+        (
+            ["update.lora.r=2", 'update.lora.target_modules=["nope_proj"]'],
+            "update.lora.target_modules: 'nope_proj' names no layer",
+        ),
+    ],
+)
+def test_lora_settings_the_model_cannot_take_are_refused_at_the_start(tmp_path, sets, expected):
+    # r = 2**40 reached the allocator, r = 100000 on hidden 16 ran, an unknown module failed late
+    line, run = _loop_start(tmp_path, *sets)
+    assert expected in line and not run.exists()
+
+
+def test_a_negative_merge_is_one_line(tmp_path):
+    from schemas.config import Config
+    from schemas.rundir import create_run
+
+    run = create_run(tmp_path / "run", Config())
+    line = _one_line(CliRunner().invoke(app, ["rollout", str(run.root), "--iter", "1", "--merge", "-1"]))
+    assert "--merge -1: the number of shard files must be >= 1 (0: no merge)" in line
+
+
+def test_rewards_that_overflow_are_one_line_without_numpy_warnings(tmp_path):
+    import polars as pl
+
+    from schemas import write_table
+    from stages.synth import synth_steps
+
+    steps = synth_steps(groups=2, group_size=3, horizon=4, seed=1)
+    for column in ("reward", "outcome"):
+        path = write_table(
+            steps.with_columns(pl.lit(1e308).alias(column)), "steps", tmp_path / column / "s.parquet"
+        )
+        result = CliRunner().invoke(app, ["advantage", str(path), "-o", str(tmp_path / column / "out")])
+        assert "not finite" in _one_line(result) and "RuntimeWarning" not in result.output
+
+
+def test_a_missing_local_model_path_is_not_called_a_hub_id(tmp_path, monkeypatch):
+    # models/smollm2 before `graft init-model` ran was "a Hugging Face Hub id" to download
+    monkeypatch.chdir(tmp_path)
+    line, run = _loop_start(tmp_path, "model.path=models/smollm2")
+    assert "models/smollm2: local model directory not found" in line and "Hub id" not in line
+    assert "graft init-model models/smollm2 --gguf smollm2" in line and not run.exists()
+    (tmp_path / "models").mkdir()
+    line, _ = _loop_start(tmp_path, "model.path=models/Qwen2.5-1.5B-Instruct")
+    assert "models/Qwen2.5-1.5B-Instruct: local model directory not found" in line
+    line, _ = _loop_start(tmp_path, "model.path=Qwen/Qwen2.5-1.5B-Instruct")  # still a Hub id
+    assert "looks like a Hugging Face Hub id" in line
+
+
+def test_models_folder_is_ignored_by_git():
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        ["git", "check-ignore", "-q", "models/smollm2/model.safetensors"], cwd=root, capture_output=True
+    )
+    assert done.returncode == 0, (
+        "models/ (where the presets put downloaded or converted models) is not ignored"
+    )
+
+
+def test_a_log_dir_that_cannot_be_created_is_refused_before_the_run_exists(tmp_path):
+    pytest.importorskip("tensorboardX")
+    line, run = _loop_start(tmp_path, "log.tensorboard=true", "log.dir=/proc/graft-x")
+    assert "log.dir = '/proc/graft-x': cannot create" in line and not run.exists()
+
+
+def _evil_model(folder: Path) -> Path:
+    import json
+
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "evil",
+                "auto_map": {"AutoConfig": "evil_code.Config", "AutoModelForCausalLM": "evil_code.Model"},
+                "max_position_embeddings": 4096,
+            }
+        )
+    )
+    (folder / "evil_code.py").write_text("raise RuntimeError('the custom code refuses to load')\n")
+    (folder / "model.safetensors").write_bytes(b"x")
+    return folder
+
+
+def test_trusted_remote_code_that_raises_is_one_line_and_the_refused_start_is_removed(tmp_path):
+    # 72 lines of traceback, and a run directory with .lock and config.toml left behind
+    model = _evil_model(tmp_path / "evil")
+    run = tmp_path / "run"
+    args = ["loop", "--config", CONFIG, "--run", str(run), "--set", f"model.path={model}"]
+    result = CliRunner().invoke(app, [*args, "--set", "model.trust_remote_code=true"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: {model}: its own code (model.trust_remote_code) raised RuntimeError")
+    assert not run.exists()
+    from stages.policy.models import load_causal_lm, load_tokenizer
+
+    for load in (load_causal_lm, load_tokenizer):
+        with pytest.raises(GraftError, match="the custom code refuses to load"):
+            load(model, trust_remote_code=True)
+
+
+def test_sys_exit_inside_an_environment_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "exiting_env.py").write_text(
+        "import sys\n"
+        "from corridor_env import Corridor\n"
+        "class Env(Corridor):\n"
+        "    def tasks(self, split, count, seed):\n"
+        "        sys.exit(3)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    line = _one_line(CliRunner().invoke(app, ["play", "exiting_env:Env"], input=""))
+    assert f"{tmp_path / 'exiting_env.py'}:5 called sys.exit(3)" in line
+
+
+def test_a_shard_of_a_played_iteration_says_it_wrote_nothing(tmp_path):
+    from schemas.config import Config
+    from schemas.rundir import create_run
+    from stages.loop import run_loop
+    from tests.test_loop import fake_runners
+
+    run = create_run(tmp_path / "run", Config())
+    run_loop(run, Config(), 1, runners=fake_runners([]), prepare=lambda *_: None)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run.iter_dir(0).iterdir())
+    result = CliRunner().invoke(app, ["rollout", str(run.root), "--iter", "0", "--shard", "1/2"])
+    assert result.exit_code == 0, result.output
+    assert "wrote" not in result.output and "already played" in result.output
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run.iter_dir(0).iterdir()) == before

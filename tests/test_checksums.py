@@ -140,7 +140,9 @@ def test_graft_eval_refuses_a_damaged_or_truncated_checkpoint(tmp_path: Path) ->
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated
     result = CliRunner().invoke(app, ["eval", str(run.root), "--iter", "0"])
     assert result.exit_code == 2, result.output
-    assert result.stderr.strip() == f"error: {weights}: checksum mismatch (the checkpoint file is damaged)"
+    line = result.stderr.strip()
+    assert line.startswith(f"error: {weights}: checksum mismatch (the checkpoint file is damaged); ")
+    assert f"graft update {run.root} --iter 0 --force" in line and "\n" not in line
     # without a checksum (a plain model directory), loading a truncated file is one error too
     (final / CHECKPOINT_MARKER).unlink()
     (final / "generation_config.json").unlink(missing_ok=True)
@@ -169,8 +171,9 @@ def test_resume_redoes_a_stage_whose_outputs_are_damaged(tmp_path: Path) -> None
     runners["update"] = update
     run_loop(run, config, 1, runners=runners, prepare=lambda *_: None)
     values_before = read_table(run.table_path(0, "values"), "values")
-    # killed before the iteration's end marker, and meanwhile two finished outputs were damaged
+    # killed before the iteration's manifest and end marker, and meanwhile two outputs were damaged
     (run.iter_dir(0) / "metrics_loop.parquet").unlink()
+    (run.iter_dir(0) / "manifest.json").unlink()
     start, end = _data_region(run.table_path(0, "values"))
     _flip(run.table_path(0, "values"), (start + end) // 2, 1)
     _flip(run.checkpoint_dir(0) / "model.safetensors", 10)

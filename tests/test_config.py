@@ -264,7 +264,7 @@ def test_lora_table_is_validated_where_it_is_defined(tmp_path):
     path = tmp_path / "resolved.toml"
     path.write_text(config.to_toml())
     assert load_config(path) == config
-    with pytest.raises(GraftError, match=r"'update.lora.r' = -1 is invalid; must be >= 0"):
+    with pytest.raises(GraftError, match=r"'update.lora.r' = -1 is invalid; must be in \[0, 65536\]"):
         load_config(None, ["update.lora.r=-1"])
     with pytest.raises(GraftError, match=r"'update.lora.dropout' = 1.0 is invalid; must be in \[0, 1\)"):
         load_config(None, ["update.lora.dropout=1.0"])

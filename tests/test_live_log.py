@@ -252,3 +252,33 @@ def test_a_kill_before_the_log_line_loses_no_scalars(tmp_path: Path, monkeypatch
     run_loop(run, config, 3, runners=_runners_with_rollout_metrics(), prepare=lambda *_: None)
     scalars = read_event_scalars(run.root / "tensorboard")
     assert sorted(step for step, _ in scalars["rollout/success_rate"]) == [0, 1, 2]
+
+
+def test_scalars_are_on_disk_before_the_ledger_says_they_are_logged(tmp_path: Path, monkeypatch) -> None:
+    # tensorboardX writes events from a queue in its own thread and flush() does not wait for it: a kill
+    # right after an iteration was logged lost its last scalars (the eval/* ones) for good
+    import time
+
+    import tensorboardX.event_file_writer as event_file_writer
+
+    from stages.live_log import TensorBoardLogger
+
+    run = create_run(tmp_path / "r", Config())
+    rows = {"iter": [0, 0], "checkpoint": ["iter_0000"] * 2, "name": ["success_rate", "mean_turns"]}
+    write_table(
+        pl.DataFrame({**rows, "value": [0.5, 3.0], "task_type": [None, None]}),
+        "eval",
+        run.table_path(0, "eval"),
+    )
+    real = event_file_writer.EventsWriter.write_event
+
+    def slow(self, event):  # type: ignore[no-untyped-def]
+        time.sleep(0.3)  # a loaded machine: the writer thread is behind
+        return real(self, event)
+
+    monkeypatch.setattr(event_file_writer.EventsWriter, "write_event", slow)
+    logger = TensorBoardLogger(tmp_path / "tb")
+    assert logger.log_iteration(run, 0) == 2  # returns: the ledger says iteration 0 is logged
+    scalars = read_event_scalars(tmp_path / "tb")  # what a kill at this moment leaves
+    assert scalars == {"eval/success_rate": [(1, 0.5)], "eval/mean_turns": [(1, 3.0)]}
+    logger.close()

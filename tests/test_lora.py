@@ -74,7 +74,7 @@ def test_a_lora_update_trains_and_saves_only_the_adapters(tmp_path):
     assert _digest(run.initial_model_dir) == base_files  # the base on disk is untouched
     assert json.loads((checkpoint / ADAPTER_CONFIG).read_text())[BASE_KEY] == "../../model"
     marker = json.loads((checkpoint / CHECKPOINT_MARKER).read_text())
-    assert marker["lora"] == {"r": 4, "alpha": 8.0, "base": str(run.initial_model_dir)}
+    assert marker["lora"] == {"r": 4, "alpha": 8.0, "target_modules": [], "base": str(run.initial_model_dir)}
     # B moved off zero, so the merged policy the engines act with is not the base
     assert any(v.abs().max() > 0 for k, v in adapter.items() if ".lora_B." in k)
     prompts, responses = _probe()
@@ -293,7 +293,7 @@ def test_unknown_target_modules_are_one_line(tmp_path):
     from stages.update import run_update
 
     run, config = make_run(tmp_path, "choose", lora=LoraConfig(r=2, target_modules=["qkv_proj"]))
-    with pytest.raises(GraftError, match=r"update.lora: .*qkv_proj"):
+    with pytest.raises(GraftError, match=r"update.lora.*qkv_proj"):
         run_update(run, 0, config)
     assert not run.checkpoint_dir(0).exists()
 
@@ -371,3 +371,103 @@ def test_lora_switched_off_trains_every_weight_of_the_merged_policy(tmp_path):
 
 def _weights_of(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
+
+
+def test_changed_target_modules_cannot_silently_continue_the_adapters(tmp_path):
+    # the new setting was written to config.toml and then ignored: the adapters kept their layers
+    from stages.update import run_update
+
+    for trained, asked in (([], ["q_proj"]), (["q_proj", "v_proj"], []), (["q_proj", "v_proj"], ["v_proj"])):
+        run, config = make_run(
+            tmp_path / f"{len(trained)}{len(asked)}",
+            "choose",
+            lora=LoraConfig(r=2, alpha=4.0, target_modules=trained),
+        )
+        run_update(run, 0, config)
+        reuse_rows(run, 1)
+        config.update.lora = LoraConfig(r=2, alpha=4.0, target_modules=asked)
+        with pytest.raises(GraftError, match=r"update.lora.target_modules = .* holds adapters trained on"):
+            run_update(run, 1, config)
+        assert not run.checkpoint_dir(1).exists()
+    config.update.lora = LoraConfig(r=2, alpha=4.0, target_modules=["v_proj", "q_proj"])  # the same set
+    run_update(run, 1, config)
+
+
+def _rewrite_adapter_base(checkpoint: Path, base: str) -> None:
+    """What a hand edit (or another tool) would do: a new base, and a marker whose checksums agree."""
+    from schemas.rundir import MARKER_FILES_KEY, file_digests
+
+    config_path = checkpoint / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = base
+    config_path.write_text(json.dumps(config))
+    marker = json.loads((checkpoint / CHECKPOINT_MARKER).read_text())
+    marker[MARKER_FILES_KEY] = file_digests(checkpoint)
+    (checkpoint / CHECKPOINT_MARKER).write_text(json.dumps(marker))
+
+
+def test_export_merges_adapters_only_onto_the_runs_own_base(tmp_path):
+    from graft_cli.app import app
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path / "run", "choose", lora=LORA)
+    run_update(run, 0, config)
+    other = tmp_path / "other-model"
+    shutil.copytree(run.initial_model_dir, other)
+    _rewrite_adapter_base(run.checkpoint_dir(0), str(other))
+    out = tmp_path / "exported"
+    result = CliRunner().invoke(app, ["export", str(run.root), "--iter", "0", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"{run.checkpoint_dir(0)}/adapter_config.json: base_model_name_or_path names {other}" in result.output
+    )
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+    _rewrite_adapter_base(run.checkpoint_dir(0), "../../model")  # the run's own, as graft writes it
+    assert CliRunner().invoke(app, ["export", str(run.root), "--iter", "0", "-o", str(out)]).exit_code == 0
+
+
+def test_export_verifies_the_checkpoint_checksums(tmp_path):
+    from graft_cli.app import app
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path / "run", "choose", lora=LORA)
+    run_update(run, 0, config)
+    weights = run.checkpoint_dir(0) / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    for i in range(len(data) - 1000, len(data)):  # 1000 flipped bytes
+        data[i] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    out = tmp_path / "exported"
+    result = CliRunner().invoke(app, ["export", str(run.root), "--iter", "0", "-o", str(out)])
+    assert result.exit_code == 2 and f"{weights}: checksum mismatch" in result.output and not out.exists()
+
+
+def test_a_loop_with_changed_target_modules_is_refused_before_config_toml_changes(tmp_path):
+    from graft_cli.app import app
+    from stages.loop import run_loop
+    from tests.test_loop import CONFIGS, MICRO
+
+    run, config = _micro_lora(tmp_path / "r", ["update.lora.r=2", "run.iters=1"])
+    run_loop(run, config, 1)
+    saved = run.config_path.read_bytes()
+    args = ["loop", "--config", str(CONFIGS / "quickstart.toml"), "--run", str(run.root), "--iters", "2"]
+    for item in [*MICRO, "run.eval_every=0", "update.lora.r=2", "update.lora.target_modules=['q_proj']"]:
+        args += ["--set", item]
+    result = CliRunner().invoke(app, [*args, "--force"])
+    assert result.exit_code == 2 and "update.lora.target_modules = ['q_proj'] but" in result.output
+    assert run.config_path.read_bytes() == saved and run.iterations() == [0]
+
+
+def test_export_prints_no_library_noise(tmp_path):
+    # "Loading weights" and "Writing model shards" progress bars (and peft's warnings) on stderr
+    from graft_cli.app import app
+    from stages.update import run_update
+
+    run, config = make_run(tmp_path / "run", "choose", lora=LORA)
+    run_update(run, 0, config)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # as in a fresh process
+    result = CliRunner().invoke(app, ["export", str(run.root), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == "" and result.stdout.startswith("exported ")

@@ -10,7 +10,8 @@ import pytest
 
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import MANIFEST_FILE, create_run
+from schemas.manifest import MANIFEST_FILE
+from schemas.rundir import create_run
 from stages.loop import run_loop
 from stages.synth import synth_steps
 from tests.test_loop import fake_runners
@@ -30,8 +31,10 @@ def test_a_finished_iteration_records_its_tables(tmp_path):
     assert {"steps.parquet", "nodes.parquet", "edges.parquet", "values.parquet", "advantages.parquet"} <= set(
         files
     )
-    assert "eval.parquet" not in files and "metrics_loop.parquet" not in files
+    assert {"eval.parquet", "metrics_loop.parquet", "update.parquet"} <= set(files)  # the done-marker too
     assert files["steps.parquet"]["size"] == (run.iter_dir(0) / "steps.parquet").stat().st_size
+    recorded = json.loads((run.iter_dir(0) / MANIFEST_FILE).read_text())["checkpoint"]
+    assert recorded == {"files": {}, "marker": {}}  # the fake update's checkpoint: an empty marker
 
 
 def test_an_intact_run_resumes_with_nothing_to_do(tmp_path):
@@ -84,3 +87,43 @@ def test_unchanged_files_are_hashed_once(tmp_path, monkeypatch):
     assert first > 0
     run_loop(run, config, 2, runners=fake_runners([]), prepare=lambda *_: None)
     assert len(hashed) == first
+
+
+def test_a_table_swapped_in_without_done_marker_or_manifest_is_not_blessed(tmp_path):
+    # the iteration looks interrupted (no done-marker, no manifest), and its steps table is another's:
+    # the loop must not record it as finished
+    run, config = _finished_run(tmp_path)
+    for name in ("metrics_loop.parquet", MANIFEST_FILE):
+        (run.iter_dir(1) / name).unlink()
+    (run.iter_dir(1) / "steps.parquet").write_bytes((run.iter_dir(0) / "steps.parquet").read_bytes())
+    with pytest.raises(GraftError, match=r"iter_0001/(edges|advantages).parquet: .*not one history"):
+        run_loop(run, config, 2, runners=fake_runners([]), prepare=lambda *_: None)
+    assert not (run.iter_dir(1) / MANIFEST_FILE).exists()
+    assert not (run.iter_dir(1) / "metrics_loop.parquet").exists()
+
+
+def test_a_finished_iteration_whose_manifest_was_deleted_is_damage_not_an_old_run(tmp_path):
+    run, config = _finished_run(tmp_path, iters=3)
+    calls: list = []
+    for iteration in (0, 2):  # the first: only the run's manifest knows it had one
+        manifest = run.iter_dir(iteration) / MANIFEST_FILE
+        saved = manifest.read_bytes()
+        manifest.unlink()
+        with pytest.raises(
+            GraftError, match=rf"iter_{iteration:04d}/manifest.json: missing: a finished iteration"
+        ):
+            run_loop(run, config, 4, runners=fake_runners(calls), prepare=lambda *_: None)
+        manifest.write_bytes(saved)
+    assert calls == [] and run.iterations() == [0, 1, 2]  # nothing extended
+
+
+def test_a_run_from_before_manifests_still_resumes(tmp_path):
+    run, config = _finished_run(tmp_path)
+    for iteration in (0, 1):
+        (run.iter_dir(iteration) / MANIFEST_FILE).unlink()
+    (run.root / MANIFEST_FILE).unlink()
+    calls: list = []
+    run_loop(run, config, 3, runners=fake_runners(calls), prepare=lambda *_: None)
+    assert [c for c in calls if c[0] == "rollout"] == [("rollout", 2)]
+    assert json.loads((run.root / MANIFEST_FILE).read_text())["iterations_from"] == 2
+    assert (run.iter_dir(2) / MANIFEST_FILE).is_file()

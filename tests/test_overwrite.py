@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from graft_cli.app import app
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import STAGES, Run, create_run, guard_recompute
+from schemas.recompute import guard_recompute
+from schemas.rundir import STAGES, Run, create_run
 from stages.loop import run_loop
 from tests.test_loop import fake_runners
 
@@ -226,3 +227,61 @@ def test_stage_command_overrides_are_recorded_in_the_iteration(tmp_path: Path) -
     again = runner.invoke(app, ["advantage", str(run.root), "--iter", "0", "--force"])
     assert again.exit_code == 0, again.output
     assert not (run.iter_dir(0) / "overrides_advantage.json").exists()  # recomputed as config.toml says
+
+
+def test_force_checks_the_tables_it_keeps_before_removing_anything(tmp_path: Path, runner: CliRunner) -> None:
+    # a replaced steps table, then `advantage --force --yes`: it used to remove iteration 1's update and
+    # checkpoint and iterations 2-3, then fail on "edges has 75 rows but steps has 67"
+    from stages.synth import synth_steps
+
+    run = _finished_run(tmp_path / "r", iters=3)
+    run.write(1, "steps", synth_steps(groups=3, group_size=3, horizon=5, seed=5, success_reward=10.0))
+    before = _listing(run)
+    result = runner.invoke(app, ["advantage", str(run.root), "--iter", "1", "--force", "--yes"])
+    line = _one_error_line(result)
+    assert f"{run.iter_dir(1)}/steps.parquet: size differs from the finished iteration's manifest" in line
+    assert f"graft rollout {run.root} --iter 1 --force" in line and line.endswith("--force removed nothing")
+    assert _listing(run) == before
+
+
+def test_force_checks_the_input_tables_against_each_other_without_a_manifest(
+    tmp_path: Path, runner: CliRunner
+) -> None:
+    from stages.synth import synth_steps
+
+    run = create_run(tmp_path / "r", Config())
+    run.write(0, "steps", synth_steps(groups=2, group_size=3, horizon=4, seed=1))
+    assert runner.invoke(app, ["advantage", str(run.root), "--iter", "0"]).exit_code == 0
+    run.write(0, "steps", synth_steps(groups=2, group_size=3, horizon=6, seed=2))  # not what the graph saw
+    before = _listing(run)
+    line = _one_error_line(runner.invoke(app, ["advantage", str(run.root), "--iter", "0", "--force"]))
+    assert f"{run.iter_dir(0)}/edges.parquet: has " in line and "rows but steps.parquet has" in line
+    assert line.endswith("--force removed nothing") and _listing(run) == before
+
+
+@pytest.mark.slow
+def test_force_says_when_the_optimizer_state_to_restore_was_dropped(tmp_path_factory, tmp_path: Path) -> None:
+    from schemas.rundir import TRAINER_STATE_DIR, forget_checkpoint_files
+    from tests.test_loop import micro_run
+
+    copy = tmp_path / "copy"
+    shutil.copytree(micro_run(tmp_path_factory.mktemp("ref")), copy)
+    run = Run(copy)
+    forget_checkpoint_files(run.checkpoint_dir(0), TRAINER_STATE_DIR)  # as retention does
+    shutil.rmtree(run.checkpoint_dir(0) / TRAINER_STATE_DIR)
+    runner = CliRunner()
+    before = _listing(run)
+    for command in (
+        ["update", str(copy), "--iter", "1", "--force"],
+        ["graph", str(copy), "--iter", "1", "--force"],
+    ):
+        line = _one_error_line(runner.invoke(app, command))
+        assert f"{run.checkpoint_dir(0)}: its optimizer state (trainer_state/) was dropped" in line
+        assert "cannot reproduce the original" in line and "nothing was removed (pass --yes" in line
+        assert _listing(run) == before
+    first = runner.invoke(
+        app, ["update", str(copy), "--iter", "0", "--force"]
+    )  # starts from no optimizer state
+    assert "--force removes" in _one_error_line(first) and "optimizer state" not in first.output
+    done = runner.invoke(app, ["update", str(copy), "--iter", "1", "--force", "--yes"])
+    assert done.exit_code == 0, done.output

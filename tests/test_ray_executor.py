@@ -314,3 +314,126 @@ def test_d_the_executor_is_bookkeeping_a_resumed_run_may_switch_it(tmp_path: Pat
     switched = load_config(CONFIGS / "quickstart.toml", ["cluster.executor=ray", "cluster.rollout_workers=4"])
     run, resumed, _ = open_loop_run(tmp_path / "run", switched, 0, force=False)  # no --force needed
     assert resumed.cluster.executor == "ray" and run.saved_config().cluster.rollout_workers == 4
+
+
+@pytest.fixture
+def not_ray():
+    """A local TCP server that accepts and answers like a web server, not a Ray head."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1.0)
+                try:
+                    conn.recv(1024)
+                    conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@pytest.fixture
+def silent():
+    """A local TCP server that accepts and never answers."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+
+
+def test_d_an_address_that_is_not_a_ray_head_is_refused_at_once(
+    runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, not_ray: str, silent: str
+) -> None:
+    # ray.init waited forever on a port where something else listens, and on RAY_ADDRESS pointing nowhere
+    import time
+
+    monkeypatch.setattr("stages.cluster.ray_installed", lambda: True)
+    for address in (not_ray, silent):
+        start = time.monotonic()
+        result = _loop(runner, tmp_path, "--executor", "ray", "--set", f"cluster.address={address}")
+        assert result.exit_code == 2, result.output
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith(f"error: cluster.address = '{address}': ") and "not a Ray head" in line
+        assert time.monotonic() - start < 15 and not (tmp_path / "run").exists()
+    for value in ("127.0.0.1:1", not_ray):
+        monkeypatch.setenv("RAY_ADDRESS", value)
+        for address in ("", "auto"):
+            result = _loop(runner, tmp_path, "--executor", "ray", "--set", f"cluster.address={address!r}")
+            assert result.exit_code == 2, result.output
+            [line] = result.stderr.strip().splitlines()
+            assert line.startswith(
+                f"error: RAY_ADDRESS = '{value}' (where ray.init connects with cluster.address"
+            )
+            assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:0", "[::1]:65536"])
+def test_d_an_address_with_an_impossible_port_is_invalid(address: str) -> None:
+    with pytest.raises(GraftError, match=r"config key 'cluster.address' = .* port must be in \[1, 65535\]"):
+        load_config(None, [f'cluster.address="{address}"'])
+
+
+def test_d_joining_ray_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ray.init itself never waits longer than CONNECT_DEADLINE_S for a remote cluster."""
+    pytest.importorskip("ray")
+    import threading
+
+    import stages.cluster.ray_executor as executor
+
+    release = threading.Event()
+    monkeypatch.setattr(executor, "probe_address", lambda *a, **k: None)
+    monkeypatch.setattr(executor.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(executor.ray, "init", lambda **kw: release.wait(30))
+    monkeypatch.setattr(executor, "CONNECT_DEADLINE_S", 0.5)
+    config = ray_config()
+    config.cluster.address = "10.0.0.5:6379"
+    try:
+        with pytest.raises(
+            GraftError, match=r"cluster.address = '10.0.0.5:6379': no Ray cluster joined within 0.5 s"
+        ):
+            executor.connect(config.cluster)
+    finally:
+        release.set()
+
+
+def test_d_starting_ray_prints_no_token_auth_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    import logging
+
+    import stages.cluster.ray_executor as executor
+
+    def init(**options) -> None:
+        logging.getLogger("ray._private.authentication.authentication_token_setup").warning(
+            "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out."
+        )
+        logging.getLogger("ray._private.worker").warning("something else")
+
+    monkeypatch.setattr(executor.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(executor.ray, "init", init)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("ray").addHandler(handler)  # ray's loggers do not propagate to the root
+    try:
+        assert executor.connect(ray_config().cluster) is True
+    finally:
+        logging.getLogger("ray").removeHandler(handler)
+    assert seen == ["something else"]

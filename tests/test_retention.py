@@ -193,7 +193,7 @@ def test_a_marker_whose_files_is_not_a_table_is_one_line(tmp_path: Path) -> None
 def test_force_checks_the_acting_checkpoint_before_it_removes_anything(tmp_path: Path) -> None:
     # issue 28 item 1: `graft update R --iter 1 --force` with keep_last=1, keep_every=2 deleted
     # iteration 2 and its checkpoint, then failed (checkpoint 0, which iteration 1 trains, was pruned)
-    from schemas.rundir import guard_recompute
+    from schemas.recompute import guard_recompute
 
     run = _pruned_run(tmp_path, 3)
     assert run.checkpoint_iterations() == [1, 2]

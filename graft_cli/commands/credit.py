@@ -75,7 +75,7 @@ def _guard(run, stage: str, iteration: int, force: bool, yes: bool) -> None:  # 
     """Refuse to recompute a finished stage unless --force (which removes what depends on it, asking
     first when that includes later iterations)."""
     from graft_cli.commands.confirm import removal_confirmer
-    from schemas.rundir import guard_recompute, removed_summary
+    from schemas.recompute import guard_recompute, removed_summary
 
     removed = removed_summary(
         run, iteration, guard_recompute(run, stage, iteration, force, removal_confirmer(yes))
@@ -206,12 +206,12 @@ def solve(
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "solve")
         with run_lock(run.root):  # type: ignore[union-attr]
-            if not run.stage_complete("graph", iteration):  # type: ignore[arg-type]
+            if not run.stage_complete("graph", iteration) and not run.stage_complete("solve", iteration):  # type: ignore[arg-type]
                 raise GraftError(
                     f"solve: iteration {iteration} of {target} has no graph yet; run graft graph {target} "
                     f"--iter {iteration} first"
                 )
-            _guard(run, "solve", iteration, force, yes)  # type: ignore[arg-type]
+            _guard(run, "solve", iteration, force, yes)  # type: ignore[arg-type]  # checks the graph too
             run_solve(run, iteration, config)  # type: ignore[arg-type]
             record_overrides(run, iteration, "solve", overrides)  # type: ignore[arg-type]
         folder = run.iter_dir(iteration)  # type: ignore[arg-type]

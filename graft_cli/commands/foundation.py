@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -130,12 +129,11 @@ def sql(
         typer.echo(f"{result.height} row(s)")
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
 def literal_cell(text: str) -> str:
-    """``text`` with every control character written as an escape (``\\n``, ``\\x1b``, ...)."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    """``text`` with every control character and bidirectional override written as an escape."""
+    from graft_cli.commands.printable import printable
+
+    return printable(text)
 
 
 def _nested_to_text(frame: pl.DataFrame) -> pl.DataFrame:

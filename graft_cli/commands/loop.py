@@ -64,6 +64,13 @@ def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) ->
         saved_path = root / "config.toml"
         bookkeeping = (config.checkpoint, config.log, config.cluster)
         if saved_path.is_file():
+            from schemas.rundir import Run
+            from stages.loop import check_resumable
+
+            check_resumable(Run(root), target)  # a changed iteration is refused before anything is written
+            from stages.update.lora import check_continuation
+
+            check_continuation(Run(root), config)  # so is a LoRA setting the next update would ignore
             saved = load_config(saved_path)
             # compare everything but what never changes an iteration's tables: the stopping point,
             # checkpoint retention, live logging and the executor
@@ -223,53 +230,62 @@ def register(app: typer.Typer) -> None:
                 raise GraftError(f"--executor {executor!r}: expected local or ray")
             overrides.append(f"cluster.executor={executor}")
         root, checked = loop_root(config, run_dir, overrides)  # checks the config before any write
-        with run_lock(root):
-            run, cfg, target = open_loop_run(root, checked, iters, force)
-            # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
-            console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
-            if not cfg.model.path and not (run.initial_model_dir / "config.json").is_file():
-                from stages.policy.tiny import vocab_tasks_for
-                from stages.rollout import make_environment
+        from schemas.rundir import discard_refused_start, start_snapshot
 
-                n = vocab_tasks_for(make_environment(cfg), cfg.model.tiny_vocab_tasks)
-                console.print(
-                    f"building the tiny model: playing {n} train + {n} eval {cfg.env.name} tasks for its "
-                    "vocabulary (model.tiny_vocab_tasks)",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-            if cfg.sft.enabled and not (run.sft_model_dir / "config.json").is_file():
-                console.print(
-                    f"warm start: {cfg.sft.episodes} expert demos (noise {cfg.sft.noise:g}, "
-                    f"invalid noise {cfg.sft.invalid_noise:g}), "
-                    f"{cfg.sft.epochs} epochs of behaviour cloning"
-                    + (
-                        f", {cfg.sft.dagger_rounds} DAgger rounds of {cfg.sft.dagger_episodes} episodes "
-                        f"(each played, then {cfg.sft.dagger_epochs} epochs over all examples: "
-                        f"{1 + cfg.sft.dagger_rounds} training phases, a progress bar each)"
-                        if cfg.sft.dagger_rounds
-                        else ""
+        snapshot = start_snapshot(root)  # a new run: a refused start leaves nothing behind
+        try:
+            with run_lock(root):
+                run, cfg, target = open_loop_run(root, checked, iters, force)
+                # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
+                console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
+                if not cfg.model.path and not (run.initial_model_dir / "config.json").is_file():
+                    from stages.policy.tiny import vocab_tasks_for
+                    from stages.rollout import make_environment
+
+                    n = vocab_tasks_for(make_environment(cfg), cfg.model.tiny_vocab_tasks)
+                    console.print(
+                        f"building the tiny model: playing {n} train + {n} eval {cfg.env.name} tasks for its "
+                        "vocabulary (model.tiny_vocab_tasks)",
+                        highlight=False,
+                        soft_wrap=True,
                     )
-                    + f" -> {run.sft_model_dir}",
-                    highlight=False,
-                    soft_wrap=True,
+                if cfg.sft.enabled and not (run.sft_model_dir / "config.json").is_file():
+                    console.print(
+                        f"warm start: {cfg.sft.episodes} expert demos (noise {cfg.sft.noise:g}, "
+                        f"invalid noise {cfg.sft.invalid_noise:g}), "
+                        f"{cfg.sft.epochs} epochs of behaviour cloning"
+                        + (
+                            f", {cfg.sft.dagger_rounds} DAgger rounds of {cfg.sft.dagger_episodes} episodes "
+                            f"(each played, then {cfg.sft.dagger_epochs} epochs over all examples: "
+                            f"{1 + cfg.sft.dagger_rounds} training phases, a progress bar each)"
+                            if cfg.sft.dagger_rounds
+                            else ""
+                        )
+                        + f" -> {run.sft_model_dir}",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                eta = RunEta(target)
+                results = run_loop(
+                    run,
+                    cfg,
+                    target,
+                    on_iteration=lambda r: _print_iteration(console, run, r, cfg, eta.after(r.iteration)),
+                    on_initial_eval=lambda seconds: _print_initial_eval(console, run, seconds),
                 )
-            eta = RunEta(target)
-            results = run_loop(
-                run,
-                cfg,
-                target,
-                on_iteration=lambda r: _print_iteration(console, run, r, cfg, eta.after(r.iteration)),
-                on_initial_eval=lambda seconds: _print_initial_eval(console, run, seconds),
-            )
-            if not results:
-                console.print(
-                    f"nothing to do: iterations 0..{target - 1} are finished", highlight=False, soft_wrap=True
-                )
-                return
-            from stages.report import success_summary, write_report
+                if not results:
+                    console.print(
+                        f"nothing to do: iterations 0..{target - 1} are finished",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                    return
+                from stages.report import success_summary, write_report
 
-            png, markdown, *_ = write_report([run.root])
+                png, markdown, *_ = write_report([run.root])
+        except GraftError:
+            discard_refused_start(snapshot)
+            raise
         console.print(success_summary(run), highlight=False, soft_wrap=True)
         console.print(
             f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)",
@@ -289,7 +305,7 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Replace an existing evaluation of it."),
     ) -> None:
         """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
-        from schemas import write_table
+        from schemas.manifest import verify_finished, write_recorded_table
         from schemas.rundir import open_run, run_lock
         from stages.evaluate import evaluate_model
 
@@ -299,8 +315,12 @@ def register(app: typer.Typer) -> None:
             it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
             if out.is_file() and not force:  # nothing is computed from an evaluation: only it is replaced
                 raise GraftError(f"{out}: {name} is already evaluated; use --force to evaluate it again")
+            # the rest of the iteration (or of the run's top) is what was recorded: the evaluation is
+            # recorded next to it
+            at_top = out.parent.resolve() == run.root.resolve()
+            verify_finished(run, [] if at_top else [it], skip={-1 if at_top else it: {out.name}})
             rows = evaluate_model(run, cfg, model_dir, it, name)
-            write_table(rows, "eval", out)
+            write_recorded_table(run, rows, "eval", out)
         overall = {
             r["name"]: r["value"] for r in rows.filter(rows["task_type"].is_null()).iter_rows(named=True)
         }

@@ -109,7 +109,8 @@ def rollout(
     from graft_cli.commands.confirm import removal_confirmer
     from schemas import write_table
     from schemas.config import load_config
-    from schemas.rundir import Run, guard_recompute, open_run, removed_summary, run_lock
+    from schemas.recompute import guard_recompute, removed_summary
+    from schemas.rundir import Run, open_run, run_lock
     from stages.rollout import parse_shard, rollout_iteration, run_rollout
 
     run_dir = run_arg or run_opt
@@ -119,6 +120,8 @@ def rollout(
         iteration = 0
     if iteration < 0:
         raise GraftError(f"rollout: --iter must be >= 0, got {iteration}")
+    if merge < 0:
+        raise GraftError(f"rollout: --merge {merge}: the number of shard files must be >= 1 (0: no merge)")
     parts = parse_shard(shard) if shard else None
     if run_arg is not None and run_opt is not None and run_arg != run_opt:
         raise GraftError("rollout: give the run once (RUN or --run)")
@@ -132,6 +135,9 @@ def rollout(
             from stages.rollout import merge_rollout_shards
 
             with run_lock(run.root):
+                if run.stage_complete("rollout", iteration):
+                    typer.echo(f"{run.table_path(iteration, 'steps')} exists: nothing to merge")
+                    return
                 if not merge_rollout_shards(run, iteration, config, merge):
                     raise GraftError(
                         f"{run.iter_dir(iteration)}: not all {merge} steps.shard-*-of-{merge} files exist yet"
@@ -142,19 +148,33 @@ def rollout(
             raise GraftError("rollout: --force replays a whole iteration; it does not combine with --shard")
         # shard workers write disjoint files side by side: a shared lock, which still excludes a loop
         with run_lock(run.root, shared=parts is not None):
-            if parts is None:  # a shard never replaces a finished steps table (it is skipped then)
+            if parts is not None and run.stage_complete("rollout", iteration):
+                # a shard never replaces a finished steps table: say so rather than "wrote"
+                typer.echo(
+                    f"{run.table_path(iteration, 'steps')} exists: iteration {iteration} is already played; "
+                    f"nothing written for shard {shard}"
+                )
+                return
+            if parts is None:
                 confirm = removal_confirmer(yes)
                 removed = removed_summary(
                     run, iteration, guard_recompute(run, "rollout", iteration, force, confirm)
                 )
                 if removed:
                     typer.echo(removed)
+            from stages.rollout.shards import shard_name
+
+            own = run.iter_dir(iteration) / shard_name("steps", parts) if parts is not None else None
+            played_before = own is not None and own.is_file()
             path = run_rollout(run, iteration, config, shard=parts, progress=progress)
             if parts is None:
                 from schemas.rundir import record_overrides
 
                 record_overrides(run, iteration, "rollout", overrides)
-        typer.echo(f"wrote {path}")
+        if played_before and path == own:
+            typer.echo(f"{path} exists: shard {shard} is already played; the merge waits for the others")
+        else:
+            typer.echo(f"wrote {path}")
         return
     if out is None:
         raise GraftError("rollout: give a RUN directory, or --config X.toml with --out DIR")

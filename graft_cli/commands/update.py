@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
 
         from graft_cli.commands.confirm import removal_confirmer
         from schemas.errors import GraftError
-        from schemas.rundir import guard_recompute, open_run, removed_summary, run_lock
+        from schemas.recompute import guard_recompute, removed_summary
+        from schemas.rundir import open_run, run_lock
         from stages.update import run_update
 
         if iteration < 0:

@@ -52,24 +52,28 @@ def compute_advantages(
         raise GraftError("edges rows do not match the steps rows (traj_id, step); rebuild the graph")
     name = config.estimator
     estimator = get_estimator(name)
-    out = estimator(
-        CreditInputs(
-            steps=steps,
-            edges=edges,
-            nodes=nodes,
-            values=values,
-            gamma=gamma,
-            index=index,
-            step_rewards=step_rewards,
-        ),
-        config,
-    )
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite results are named below
+        out = estimator(
+            CreditInputs(
+                steps=steps,
+                edges=edges,
+                nodes=nodes,
+                values=values,
+                gamma=gamma,
+                index=index,
+                step_rewards=step_rewards,
+            ),
+            config,
+        )
     n = steps.height
     advantage = _column(out.advantage, n, "advantage", name)
     if config.flat_groups == "zero" and n:
         advantage = advantage * (~flat_group_rows(steps)).cast(pl.Float64)
     if advantage.is_nan().any() or not np.isfinite(advantage.to_numpy()).all():
-        raise GraftError(f"estimator '{name}' produced non-finite advantages")
+        raise GraftError(
+            f"estimator '{name}' produced non-finite advantages (the steps' rewards or outcomes are not "
+            "finite, or overflow float64)"
+        )
     size = np.asarray(out.norm_group_size)
     if size.shape != (n,):
         raise GraftError(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,12 +34,13 @@ from ray.exceptions import RayActorError, RayTaskError
 from schemas.config import ClusterConfig, Config
 from schemas.errors import GraftError
 from schemas.rundir import Run
-from stages.cluster import probe_address
+from stages.cluster import joined_address, probe_address
 from stages.cluster.worker import RolloutWorker, ShardHook, ShardReport
 from stages.rollout.from_config import engine_released_for_update, policy_for_iteration
 from stages.rollout.shards import merge_rollout_shards
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding schemas/ and stages/
+CONNECT_DEADLINE_S = 60.0  # joining a running cluster takes seconds; Ray alone would retry for ever
 
 
 def worker_runtime_env() -> dict[str, Any]:
@@ -55,24 +57,91 @@ def worker_runtime_env() -> dict[str, Any]:
 
 def connect(cluster: ClusterConfig) -> bool:
     """Join or start Ray for ``cluster`` unless this process already did; True when this call did
-    (the caller then shuts it down)."""
+    (the caller then shuts it down).
+
+    Joining a cluster (``cluster.address``, or ``RAY_ADDRESS``) first probes the address
+    (``probe_address``), then gives ``ray.init`` at most ``CONNECT_DEADLINE_S``: Ray itself retries an
+    address that does not answer as a Ray head for ever."""
     if ray.is_initialized():
         return False
-    if cluster.address not in ("", "auto"):
-        probe_address(cluster.address)
+    joined = joined_address(cluster.address) or _recorded_cluster(cluster.address)
+    if joined is not None:
+        probe_address(*joined)
+    source = joined[1] if joined is not None else f"cluster.address = {cluster.address!r}"
+    local = cluster.address == "" and not os.environ.get("RAY_ADDRESS", "").strip()
+    options = {
+        "address": cluster.address or None,
+        "include_dashboard": False,
+        "logging_level": logging.WARNING,
+        "runtime_env": worker_runtime_env(),
+    }
+    quiet = _RayNoise()
+    for name in _RayNoise.LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
     try:
-        ray.init(
-            address=cluster.address or None,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-            runtime_env=worker_runtime_env(),
-        )
+        if local:
+            ray.init(**options)  # a local Ray, started by this process
+        else:
+            _bounded_init(options, source)
     except (ConnectionError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise GraftError(
-            f"cluster.address = {cluster.address!r}: cannot join a Ray cluster ({first})"
-        ) from None
+        raise GraftError(f"{source}: cannot join a Ray cluster ({first})") from None
+    finally:
+        for name in _RayNoise.LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
     return True
+
+
+def _recorded_cluster(address: str) -> tuple[str, str] | None:
+    """With 'auto' (cluster.address or RAY_ADDRESS): the address of the running cluster Ray recorded
+    on this node (``ray start``), to probe like any other; None when there is none (ray.init then
+    says so at once)."""
+    if "auto" not in (address, os.environ.get("RAY_ADDRESS", "").strip()):
+        return None
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except (ConnectionError, ValueError, OSError):
+        return None
+    if not found:
+        return None
+    return found, f"cluster.address = 'auto' (the Ray cluster recorded on this node: {found})"
+
+
+class _RayNoise(logging.Filter):
+    """Ray's lines about what graft does on purpose: no SIGTERM handler from ``_bounded_init``'s thread,
+    token authentication on for the local Ray graft starts."""
+
+    NOISE = ("current thread is not the main thread", "Token authentication is enabled for this Ray cluster")
+    LOGGERS = ("ray._private.worker", "ray._private.authentication.authentication_token_setup")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in self.NOISE)
+
+
+def _bounded_init(options: dict[str, Any], source: str) -> None:
+    """``ray.init(**options)`` in a helper thread, waited for at most ``CONNECT_DEADLINE_S``; a
+    GraftError naming ``source`` past that (the thread is abandoned: it ends with the process)."""
+    outcome: dict[str, BaseException] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            ray.init(**options)
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="graft-ray-init", daemon=True).start()
+    if not done.wait(CONNECT_DEADLINE_S):
+        raise GraftError(
+            f"{source}: no Ray cluster joined within {CONNECT_DEADLINE_S:g} s (is it a Ray head of the "
+            "same Ray version?); check `ray status` there, or use cluster.address = '' for a local Ray"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
 
 
 def check_resources(cluster: ClusterConfig, actors: int) -> None:

@@ -14,10 +14,12 @@ model as a plain Hugging Face directory (``graft export``), which transformers a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +71,28 @@ def load_base_model(base: Path, trust_remote_code: bool = False) -> Any:
     """The base of an adapter, float32 on the CPU (merging in float32 loses nothing)."""
     from transformers import AutoModelForCausalLM
 
+    from stages.policy.models import quiet_transformers
+    from stages.policy.remote_code import remote_code_errors
+
+    quiet_transformers()
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            base, dtype=torch.float32, use_safetensors=True, trust_remote_code=trust_remote_code
-        )
+        with remote_code_errors(base, trust_remote_code):
+            return AutoModelForCausalLM.from_pretrained(
+                base, dtype=torch.float32, use_safetensors=True, trust_remote_code=trust_remote_code
+            )
     except (OSError, ValueError) as exc:
         raise GraftError(f"{base}: cannot load the LoRA base model ({str(exc).splitlines()[0]})") from None
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """No warnings from peft on stderr while graft uses it as intended: transformers 5 renamed
+    ``is_gradient_checkpointing`` (a FutureWarning peft triggers), and peft's notes on loading, saving
+    and merging adapters are about choices graft made on purpose."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", module=r"peft(\.|$)")
+        yield
 
 
 def attach_adapter(model: Any, path: Path, trainable: bool) -> Any:
@@ -82,9 +100,7 @@ def attach_adapter(model: Any, path: Path, trainable: bool) -> Any:
     from peft import PeftModel
 
     try:
-        with warnings.catch_warnings():
-            # peft asks transformers 5 for is_gradient_checkpointing, which warns that it is renamed
-            warnings.simplefilter("ignore", FutureWarning)
+        with quiet_peft():
             return PeftModel.from_pretrained(model, path, is_trainable=trainable)
     except (OSError, ValueError, KeyError) as exc:
         raise GraftError(f"{path}: cannot load the LoRA adapter ({str(exc).splitlines()[0]})") from None
@@ -94,7 +110,8 @@ def merged_model(path: str | Path, trust_remote_code: bool = False) -> Any:
     """The policy of a LoRA checkpoint as a plain float32 transformers model (adapters folded in)."""
     path = Path(path)
     base = load_base_model(adapter_base(path), trust_remote_code)
-    merged = attach_adapter(base, path, trainable=False).merge_and_unload()
+    with quiet_peft():
+        merged = attach_adapter(base, path, trainable=False).merge_and_unload()
     merged.name_or_path = str(path)
     return merged.eval()
 
@@ -103,8 +120,10 @@ def export_merged(checkpoint: str | Path, out: str | Path, trust_remote_code: bo
     """Write the policy of ``checkpoint`` (LoRA or full) to ``out`` as a Hugging Face model directory:
     ``config.json``, ``model.safetensors``, ``generation_config.json`` and the tokenizer files, without
     graft's trainer state or marker. Filled under a temporary name and renamed, like a checkpoint."""
+    from stages.policy.models import quiet_transformers
     from stages.policy.tokenizer import portable_tokenizer_files
 
+    quiet_transformers()
     checkpoint, out = Path(checkpoint), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise GraftError(f"{out}: exists and is not an empty directory (choose a new -o)")

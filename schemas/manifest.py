@@ -1,0 +1,591 @@
+"""A finished iteration is its manifest.
+
+When the loop finishes an iteration it checks the iteration's tables against each other
+(``cross_check``: row counts, row keys, iteration numbers) and then writes ``iter_NNNN/manifest.json``:
+the size and sha256 of every file of the iteration (the tables, ``eval.parquet`` included, the stage
+commands' ``overrides_*.json`` and the done-marker ``metrics_loop.parquet``) and the checksums of its
+checkpoint (the files ``checkpoints/iter_NNNN/graft_checkpoint.json`` lists, plus the rest of that
+marker). Every reader of a finished iteration (``graft sql``, ``eval``, ``report``, ``export``,
+``viz``, the loop on resume, the stage commands) calls ``verify_finished`` first, which refuses any
+difference with one line naming the file and the command that recomputes it.
+
+Checkpoint retention may remove a finished iteration's checkpoint, or its ``trainer_state/`` (the
+optimizer moments), so those may be missing; what is there must be what was recorded.
+
+The run's own manifest (``<run>/manifest.json``) records the tables at the top of the run (the
+initial policy's ``eval.parquet`` and ``eval_<name>.parquet`` of ``graft eval --checkpoint DIR``)
+and ``iterations_from``, the first iteration the run records a manifest for: from there on, a
+finished iteration without its manifest is damage, not a run from before manifests.
+
+Files that replace a recorded one after the iteration finished (``graft eval --force``) are written
+under a temporary name, recorded, then renamed (``publish_recorded``): a kill in between leaves a
+manifest naming a missing file, never an unrecorded file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from schemas import read_table, write_table
+from schemas.errors import GraftError
+from schemas.rundir import (
+    CHECKPOINT_MARKER,
+    DERIVED_FILES,
+    MARKER_FILES_KEY,
+    STAGE_OUTPUTS,
+    Run,
+    atomic_write_text,
+    checkpoint_complete,
+    checkpoint_damage,
+    file_digests,
+)
+from schemas.verified import known_intact
+
+MANIFEST_FILE = "manifest.json"
+DONE_MARKER = "metrics_loop.parquet"  # written last by the loop: its presence marks a finished iteration
+MANIFEST_VERSION = 2
+# what a version-1 manifest (before eval tables and checkpoints were recorded) left out
+_V1_EXCLUDED = ("metrics_loop.parquet", "eval.parquet")
+_OPTIMIZER_STATE = "trainer_state/"  # retention may drop it from a kept checkpoint
+ROOT_TABLES = ("eval.parquet", "eval_*.parquet")  # the tables at the top of a run the run's manifest records
+
+Check = Callable[[Path, str], bool]
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A file of a finished iteration that is not what was recorded, and the stage that writes it
+    (None: no stage does; "eval": graft eval; "rollout" for the iteration as a whole)."""
+
+    path: Path
+    what: str
+    stage: str | None
+
+
+def iteration_finished(run: Run, iteration: int) -> bool:
+    return (run.iter_dir(iteration) / DONE_MARKER).is_file()
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _entry(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, "sha256": sha256(path)}
+
+
+def recorded_files(folder: Path) -> list[Path]:
+    """The files of an iteration a manifest records: its tables and JSON files, not hidden ones."""
+    return sorted(p for p in folder.iterdir() if _recorded(p))
+
+
+def _recorded(path: Path) -> bool:
+    return (
+        path.is_file()
+        and path.suffix in (".parquet", ".json")
+        and not path.name.startswith(".")
+        and path.name != MANIFEST_FILE
+    )
+
+
+def producing_stage(name: str) -> str | None:
+    """The stage whose (re)computation writes the iteration file ``name``."""
+    for stage, outputs in STAGE_OUTPUTS.items():
+        if name in outputs:
+            return stage
+    for stage, derived in DERIVED_FILES.items():
+        if name in derived:
+            return stage
+    if name.startswith(("steps.shard-", "metrics_rollout.shard-")) or name in (DONE_MARKER, MANIFEST_FILE):
+        return "rollout"  # the iteration as a whole
+    return None
+
+
+def remedy(run: Run, iteration: int, damage: Damage) -> str:
+    """What to run about ``damage`` (one clause)."""
+    root = run.root
+    if damage.stage is None:
+        return "remove it (no stage writes it), or restore the iteration"
+    if damage.stage == "eval":
+        where = "--iter -1" if iteration < 0 else f"--iter {iteration}"
+        if damage.path.name.startswith("eval_"):
+            return f"remove it, or evaluate again: graft eval {root} --checkpoint DIR --force"
+        return f"restore the file, or evaluate again: graft eval {root} {where} --force"
+    return (
+        f"restore the file, or recompute it: graft {damage.stage} {root} --iter {iteration} --force, "
+        f"then graft loop --run {root}"
+    )
+
+
+def describe(run: Run, iteration: int, damage: Damage) -> str:
+    """The one line a reader refuses ``damage`` with."""
+    return f"{damage.path}: {damage.what}; {remedy(run, iteration, damage)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def checkpoint_record(path: Path) -> dict[str, Any] | None:
+    """What a manifest records of a complete checkpoint: the checksums its marker lists (hashed here
+    for a checkpoint from before markers had them) and the rest of the marker."""
+    if not checkpoint_complete(path):
+        return None
+    marker = _read_marker(path)
+    if marker is None:
+        raise GraftError(f"{path / CHECKPOINT_MARKER}: unreadable checkpoint marker")
+    files = marker.get(MARKER_FILES_KEY)
+    if not isinstance(files, dict):
+        files = file_digests(path)
+    return {"files": files, "marker": {k: v for k, v in marker.items() if k != MARKER_FILES_KEY}}
+
+
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    try:
+        marker = json.loads((path / CHECKPOINT_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def checkpoint_mismatch(path: Path, recorded: dict[str, Any]) -> Damage | None:
+    """How the checkpoint at ``path`` differs from what a manifest ``recorded`` (None: it does not):
+    its marker's checksums and the rest of its marker are compared, its files are not hashed here
+    (``verify_checkpoint_read`` does that for a reader of the weights).
+
+    Missing (retention pruned it) or without its optimizer state: not a difference."""
+    if not path.exists():
+        return None
+    if not checkpoint_complete(path):
+        return Damage(path, f"incomplete checkpoint (no {CHECKPOINT_MARKER})", "update")
+    marker = _read_marker(path)
+    if marker is None:
+        return Damage(path / CHECKPOINT_MARKER, "unreadable checkpoint marker", "update")
+    files = marker.get(MARKER_FILES_KEY)
+    if not isinstance(files, dict):
+        files = file_digests(path)  # a checkpoint without checksums: hashed here
+    rest = {k: v for k, v in marker.items() if k != MARKER_FILES_KEY}
+    if rest != recorded.get("marker", rest):
+        return Damage(path / CHECKPOINT_MARKER, "differs from the finished iteration's manifest", "update")
+    want = recorded.get("files")
+    if not isinstance(want, dict):
+        return None
+    for name in sorted(set(files) - set(want)):
+        return Damage(
+            path / name, "not in the finished iteration's manifest (added to the checkpoint)", "update"
+        )
+    for name, digest in sorted(want.items()):
+        if name not in files:
+            if name.startswith(_OPTIMIZER_STATE):
+                continue  # dropped by retention
+            return Damage(path / name, "listed in the finished iteration's manifest but missing", "update")
+        if files[name] != digest:
+            return Damage(
+                path / name, "differs from the finished iteration's manifest (another checkpoint)", "update"
+            )
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the run's manifest
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_manifest(run: Run) -> dict[str, Any] | None:
+    """``<run>/manifest.json`` (None: a run from before manifests, or not a run)."""
+    path = run.root / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    data = _read_json(path)
+    if data is None or not isinstance(data.get("files", {}), dict):
+        raise GraftError(f"{path}: unreadable run manifest; restore it (or remove it to stop checking)")
+    return data
+
+
+def ensure_run_manifest(run: Run) -> dict[str, Any]:
+    """The run's manifest, created when missing: iterations from the one after the last finished
+    iteration without a manifest (a run from before manifests) on record one; the tables at the top of
+    the run are recorded as they are."""
+    data = run_manifest(run)
+    if data is not None:
+        return data
+    unrecorded = [
+        i
+        for i in run.iterations()
+        if iteration_finished(run, i) and not (run.iter_dir(i) / MANIFEST_FILE).is_file()
+    ]
+    data = {
+        "version": MANIFEST_VERSION,
+        "iterations_from": max(unrecorded) + 1 if unrecorded else 0,
+        "files": {p.name: _entry(p) for p in _root_tables(run)},  # as they are: from before manifests
+    }
+    atomic_write_text(run.root / MANIFEST_FILE, json.dumps(data, indent=2, sort_keys=True))
+    return data
+
+
+def _root_tables(run: Run) -> list[Path]:
+    return sorted({p for pattern in ROOT_TABLES for p in run.root.glob(pattern) if p.is_file()})
+
+
+def root_damage(run: Run, check: Check, skip: Iterable[str] = ()) -> Damage | None:
+    """A table at the top of the run that differs from the run's manifest (missing ones are fine:
+    not yet evaluated); ``skip``: names the caller is about to replace."""
+    data = run_manifest(run)
+    if data is None:
+        return None
+    files = data.get("files", {})
+    for path in _root_tables(run):
+        if path.name in skip:
+            continue
+        entry = files.get(path.name)
+        if not isinstance(entry, dict):
+            return Damage(path, "not in the run's manifest (added after it was evaluated)", "eval")
+        damage = _file_mismatch(path, entry, check, "the run's manifest", "eval")
+        if damage is not None:
+            return damage
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# iterations
+
+
+def _file_mismatch(path: Path, entry: Any, check: Check, where: str, stage: str | None) -> Damage | None:
+    if not isinstance(entry, dict) or path.stat().st_size != entry.get("size"):
+        return Damage(path, f"size differs from {where} (the file was replaced)", stage)
+    digest = str(entry.get("sha256"))
+    if check(path, digest):
+        return None
+    if sha256(path) != digest:
+        return Damage(path, f"checksum differs from {where} (changed or damaged)", stage)
+    return None
+
+
+class Expectation:
+    """Which finished iterations of a run must have a manifest: from the run manifest's
+    ``iterations_from`` on, and every one after an iteration that has one."""
+
+    def __init__(self, run: Run) -> None:
+        data = run_manifest(run)
+        self.start = int(data.get("iterations_from", 0)) if data is not None else None
+        recorded = [i for i in run.iterations() if (run.iter_dir(i) / MANIFEST_FILE).is_file()]
+        self.first_recorded = min(recorded) if recorded else None
+
+    def expected(self, iteration: int) -> bool:
+        return (self.start is not None and iteration >= self.start) or (
+            self.first_recorded is not None and iteration > self.first_recorded
+        )
+
+
+def load_manifest(folder: Path) -> dict[str, Any] | None:
+    """An iteration's manifest, or None when it cannot be read."""
+    data = _read_json(folder / MANIFEST_FILE)
+    if data is None or not isinstance(data.get("files"), dict):
+        return None
+    return data
+
+
+def iteration_damage(
+    run: Run,
+    iteration: int,
+    check: Check,
+    expectation: Expectation,
+    *,
+    skip: Iterable[str] = (),
+) -> Damage | None:
+    """The first file of finished ``iteration`` that differs from its manifest (None: all intact, or
+    the iteration is not finished). ``skip``: file names the caller is about to replace.
+
+    An unfinished iteration that still has a manifest (a kill between it and the done-marker, or while
+    ``--force`` removed them) holds, of the files it lists, only what the manifest records."""
+    folder = run.iter_dir(iteration)
+    target = folder / MANIFEST_FILE
+    if not iteration_finished(run, iteration):
+        leftover = load_manifest(folder) if target.is_file() else None
+        if leftover is None or leftover.get("version", 1) < MANIFEST_VERSION:
+            return None
+        for name, entry in sorted(leftover["files"].items()):
+            path = folder / name
+            if name not in skip and path.is_file():
+                damage = _file_mismatch(path, entry, check, "the iteration's manifest", producing_stage(name))
+                if damage is not None:
+                    return damage
+        return None
+    if not target.is_file():
+        if expectation.expected(iteration):
+            return Damage(target, "missing: a finished iteration without its manifest", "rollout")
+        return None  # an iteration finished before manifests
+    manifest = load_manifest(folder)
+    if manifest is None:
+        return Damage(target, "unreadable manifest", "rollout")
+    version = manifest.get("version", 1)
+    files: dict[str, Any] = manifest["files"]
+    skipped = set(skip) | (set(_V1_EXCLUDED) if version == 1 else set())
+    present = {p.name for p in recorded_files(folder)} - skipped
+    if version == 1:
+        present = {n for n in present if n.endswith(".parquet")}
+    for name in sorted(present - set(files)):
+        return Damage(
+            folder / name, "not in the finished iteration's manifest (added after it finished)", None
+        )
+    where = "the finished iteration's manifest"
+    for name, entry in sorted(files.items()):
+        if name in skipped:
+            continue
+        path = folder / name
+        if not path.is_file():
+            return Damage(path, f"listed in {where} but missing", producing_stage(name))
+        damage = _file_mismatch(path, entry, check, where, producing_stage(name))
+        if damage is not None:
+            return damage
+    recorded = manifest.get("checkpoint")
+    if version >= 2 and isinstance(recorded, dict) and "checkpoint" not in skipped:
+        return checkpoint_mismatch(run.checkpoint_dir(iteration), recorded)
+    return None
+
+
+def verify_finished(
+    run: Run,
+    iterations: Iterable[int] | None = None,
+    *,
+    skip: dict[int, Iterable[str]] | None = None,
+    root: bool = True,
+    context: str = "",
+) -> None:
+    """Refuse (one GraftError line naming the file and what to run) when a finished iteration of
+    ``iterations`` (default: all) differs from its manifest, or (``root``) a table at the top of the
+    run from the run's manifest; ``skip``: {iteration (-1: the top of the run): file names the caller
+    is about to replace}. Files unchanged since they last verified against the same checksum
+    are not hashed again (schemas.verified)."""
+    check, commit = known_intact("manifest")
+    expectation = Expectation(run)
+    skip = skip or {}
+    for iteration in run.iterations() if iterations is None else iterations:
+        damage = iteration_damage(run, iteration, check, expectation, skip=skip.get(iteration, ()))
+        if damage is not None:
+            raise GraftError(describe(run, iteration, damage) + context)
+    if root:
+        damage = root_damage(run, check, skip.get(-1, ()))
+        if damage is not None:
+            raise GraftError(describe(run, -1, damage) + context)
+    commit()
+
+
+def verify_checkpoint_read(run: Run, iteration: int, context: str = "", skip: Iterable[str] = ()) -> Path:
+    """Before the checkpoint of ``iteration`` is read: its finished iteration is what was recorded (but
+    ``skip``, files the caller replaces), and every file of the checkpoint matches its marker's
+    checksums; returns its path."""
+    verify_finished(run, [iteration], skip={iteration: skip}, root=False, context=context)
+    path = run.checkpoint_dir(iteration)
+    if not checkpoint_complete(path):
+        raise GraftError(f"{path}: not a complete checkpoint (no {CHECKPOINT_MARKER}){context}")
+    damage = checkpoint_damage(path)
+    if damage is not None:
+        fix = remedy(run, iteration, Damage(path, "", "update"))
+        raise GraftError(f"{damage}; {fix}{context}")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# tables against each other
+
+
+KEYS = ["group_id", "traj_id", "step"]
+_PER_STEP = ("edges", "advantages")  # one row per steps row, in the same order
+
+
+def _read(run: Run, iteration: int, table: str, file: str | None = None) -> pl.DataFrame | None:
+    path = run.iter_dir(iteration) / (file or f"{table}.parquet")
+    return read_table(path, table) if path.is_file() else None
+
+
+def cross_check(
+    run: Run, iteration: int, tables: Iterable[str] | None = None, *, iterations: bool = False
+) -> None:
+    """Refuse (GraftError naming the file) when the existing tables of ``iteration`` (or only
+    ``tables``) disagree: edges and advantages must hold the steps rows' keys in the steps order (and
+    edges their rewards), edges must name nodes that exist, values every node once, the update's
+    reference log-probs steps rows only; with ``iterations`` every ``iter`` column must be
+    ``iteration``. Reading them also verifies their page checksums."""
+    wanted = (
+        set(tables)
+        if tables is not None
+        else {"steps", "nodes", "edges", "values", "advantages", "reflogprobs"}
+    )
+    folder = run.iter_dir(iteration)
+    loaded = {t: _read(run, iteration, t) for t in sorted(wanted)}
+    steps = loaded.get("steps")
+    root = run.root
+    for table in _PER_STEP:
+        frame = loaded.get(table)
+        if steps is None or frame is None:
+            continue
+        path = folder / f"{table}.parquet"
+        stage = "graph" if table == "edges" else "advantage"
+        fix = f"recompute it from steps.parquet: graft {stage} {root} --iter {iteration} --force"
+        if frame.height != steps.height:
+            raise _fail(path, f"has {frame.height} rows but steps.parquet has {steps.height}", fix)
+        differ = (frame.select(KEYS) != steps.select(KEYS)).select(pl.any_horizontal(pl.all())).to_series()
+        if differ.any():
+            row = int(differ.arg_max())  # type: ignore[arg-type]
+            raise _fail(path, f"row {row} is not steps.parquet's row {row} (group_id, traj_id, step)", fix)
+        if table == "edges" and not frame["reward"].equals(steps["reward"]):
+            raise _fail(path, "its rewards are not steps.parquet's", fix)
+    nodes, edges, values = loaded.get("nodes"), loaded.get("edges"), loaded.get("values")
+    if nodes is not None:
+        node_path = folder / "nodes.parquet"
+        fix = f"recompute the graph: graft graph {root} --iter {iteration} --force"
+        if nodes.select("group_id", "node").is_duplicated().any():
+            raise _fail(node_path, "a (group_id, node) appears twice", fix)
+        if edges is not None:
+            known = nodes.select("group_id", "node")
+            for end in ("src", "dst"):
+                ends = edges.select("group_id", pl.col(end).alias("node")).unique()
+                if ends.join(known, on=["group_id", "node"], how="anti").height:
+                    raise _fail(folder / "edges.parquet", f"names {end} nodes that nodes.parquet lacks", fix)
+        if values is not None:
+            fix = f"recompute the values: graft solve {root} --iter {iteration} --force"
+            keys = values.select("group_id", "node")
+            if keys.height != nodes.height or keys.join(nodes, on=["group_id", "node"], how="anti").height:
+                raise _fail(
+                    folder / "values.parquet", "its (group_id, node) rows are not nodes.parquet's", fix
+                )
+    ref = loaded.get("reflogprobs")
+    if (
+        ref is not None
+        and steps is not None
+        and ref.select(KEYS).join(steps.select(KEYS), on=KEYS, how="anti").height
+    ):
+        fix = f"recompute the update: graft update {root} --iter {iteration} --force"
+        raise _fail(folder / "reflogprobs.parquet", "holds rows steps.parquet does not", fix)
+    if iterations:
+        _check_iter_columns(run, iteration, steps)
+
+
+def _fail(path: Path, what: str, fix: str) -> GraftError:
+    return GraftError(
+        f"{path}: {what}; the iteration's tables are not one history ({fix}, or restore the file)"
+    )
+
+
+def _check_iter_columns(run: Run, iteration: int, steps: pl.DataFrame | None) -> None:
+    folder = run.iter_dir(iteration)
+    frames: list[tuple[Path, pl.DataFrame]] = []
+    if steps is not None:
+        frames.append((folder / "steps.parquet", steps))
+    for path in sorted(folder.glob("metrics_*.parquet")):
+        frames.append((path, read_table(path, "metrics")))
+    for name, table in (("update.parquet", "update"), ("eval.parquet", "eval")):
+        if (folder / name).is_file():
+            frames.append((folder / name, read_table(folder / name, table)))
+    for path, frame in frames:
+        others = frame.filter(pl.col("iter") != iteration)["iter"]
+        if others.len():
+            stage = producing_stage(path.name) or "rollout"
+            fix = remedy(run, iteration, Damage(path, "", stage))
+            raise GraftError(f"{path}: holds rows of iteration {others[0]}, not {iteration}; {fix}")
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def write_manifest(run: Run, iteration: int, done: Path | None = None, fresh: Iterable[str] = ()) -> Path:
+    """Check the iteration's outputs against each other, then record them (``manifest.json``,
+    atomic). ``done``: the loop's done-marker, written under a temporary name, recorded as
+    ``metrics_loop.parquet`` before the caller renames it into place. An earlier manifest of the
+    unfinished iteration (left by a kill between it and the done-marker, or by a done-marker removed
+    since) must agree with the files it lists that are still there, but for ``fresh``: the files the
+    caller has just written."""
+    folder = run.iter_dir(iteration)
+    cross_check(run, iteration, iterations=True)
+    checkpoint = run.checkpoint_dir(iteration)
+    if checkpoint_complete(checkpoint):
+        damage = checkpoint_damage(checkpoint)
+        if damage is not None:
+            raise GraftError(f"{damage}; recompute it: graft update {run.root} --iter {iteration} --force")
+    earlier = load_manifest(folder)
+    files = {p.name: _entry(p) for p in recorded_files(folder)}
+    if earlier is not None and earlier.get("version") == MANIFEST_VERSION:
+        for name, entry in sorted(files.items()):
+            old = earlier["files"].get(name)
+            if old is not None and old != entry and name not in fresh:
+                damage = Damage(
+                    folder / name, "differs from the iteration's earlier manifest", producing_stage(name)
+                )
+                raise GraftError(describe(run, iteration, damage))
+    if done is not None:
+        files[DONE_MARKER] = _entry(done)
+    ensure_run_manifest(run)
+    data = {"version": MANIFEST_VERSION, "files": files, "checkpoint": checkpoint_record(checkpoint)}
+    target = folder / MANIFEST_FILE
+    atomic_write_text(target, json.dumps(data, indent=2, sort_keys=True))
+    return target
+
+
+def finish_iteration(run: Run, iteration: int, loop_rows: pl.DataFrame, fresh: Iterable[str] = ()) -> None:
+    """Record the iteration (``write_manifest``) and write its done-marker (``metrics_loop.parquet``)
+    last."""
+    folder = run.iter_dir(iteration)
+    pending = folder / f".{DONE_MARKER}.pending.tmp"  # a leftover is removed like any temporary
+    write_table(loop_rows, "metrics", pending)
+    try:
+        write_manifest(run, iteration, done=pending, fresh=fresh)
+        os.replace(pending, folder / DONE_MARKER)
+    except BaseException:
+        pending.unlink(missing_ok=True)
+        raise
+
+
+def record_file(run: Run, final: Path, source: Path | None = None) -> None:
+    """Record ``source`` (default ``final``) as ``final`` in the manifest that covers ``final``: that of
+    its finished iteration, or the run's for a table at its top (nothing for an unfinished iteration,
+    whose manifest is written when it finishes)."""
+    entry = _entry(source if source is not None else final)
+    folder = final.parent
+    if folder.resolve() == run.root.resolve():
+        data = ensure_run_manifest(run)
+        if data.get("files", {}).get(final.name) != entry:
+            data["files"] = {**data.get("files", {}), final.name: entry}
+            atomic_write_text(run.root / MANIFEST_FILE, json.dumps(data, indent=2, sort_keys=True))
+    elif folder.name.startswith("iter_") and (folder / DONE_MARKER).is_file():
+        manifest = load_manifest(folder)
+        if manifest is not None and manifest.get("version", 1) >= MANIFEST_VERSION:
+            manifest["files"][final.name] = entry
+            atomic_write_text(folder / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def publish_recorded(run: Run, final: Path, pending: Path) -> Path:
+    """Move ``pending`` (a complete file) to ``final``, recording it first (``record_file``): a kill
+    in between leaves a recorded file that is missing, never an unrecorded one."""
+    record_file(run, final, pending)
+    os.replace(pending, final)
+    return final
+
+
+def write_recorded_table(run: Run, data: pl.DataFrame, table: str, final: Path) -> Path:
+    """``write_table`` for a file a manifest may cover (an evaluation written after its iteration
+    finished, or at the top of the run): written, recorded, then renamed into place."""
+    pending = final.parent / f".{final.name}.pending.tmp"
+    write_table(data, table, pending)
+    try:
+        return publish_recorded(run, final, pending)
+    except BaseException:
+        pending.unlink(missing_ok=True)
+        raise
