@@ -234,22 +234,68 @@ def success_table(runs: dict[str, list[Path]], every: int) -> tuple[str, dict[st
     return "\n".join(lines), curves
 
 
-def eval_table(runs: dict[str, list[Path]]) -> str:
-    """Markdown: held-out success of the initial and the last evaluated policy, mean over seeds."""
+def held_out(run_dir: Path) -> dict[str, float] | None:
+    """The initial and the last evaluation of a run (overall rows): success, episodes, and x (the
+    policy updates behind the last one); None for a run without evaluations."""
+    ev = run_tables(run_dir).eval.filter(pl.col("task_type").is_null())
+    if "split" in ev.columns:
+        ev = ev.filter(pl.col("split").is_null())
+    success = ev.filter(pl.col("name") == "success_rate").sort("x")
+    episodes = ev.filter(pl.col("name") == "episodes").sort("x")
+    if success.height == 0:
+        return None
+    return {
+        "initial": float(success["value"][0]),
+        "initial_episodes": float(episodes["value"][0]) if episodes.height else float("nan"),
+        "last": float(success["value"][-1]),
+        "last_episodes": float(episodes["value"][-1]) if episodes.height else float("nan"),
+        "x": float(success["x"][-1]),
+    }
 
-    lines = ["| variant | eval success, initial | eval success, last (updates) |", "|---|---|---|"]
+
+def mean_with_se(values: np.ndarray, single_se: float = float("nan")) -> tuple[float, float]:
+    """Mean over seeds and its standard error (std ddof=1 / √k); one seed: ``single_se``."""
+    if len(values) > 1:
+        return float(values.mean()), float(values.std(ddof=1) / np.sqrt(len(values)))
+    return float(values.mean()), single_se
+
+
+def eval_table(runs: dict[str, list[Path]]) -> str:
+    """Markdown: held-out success of the initial and the last evaluated policy per variant, each the
+    mean over seeds ± its standard error (over seeds when there are several; one seed: the binomial
+    s.e. of that run's episodes, ``stages.evaluate.success_standard_error``), the change last −
+    initial paired by seed, the episodes per evaluation and the s.e. of one evaluation (the root mean
+    square of the runs' binomial s.e. of the last evaluation: the eval's own sampling noise)."""
+    from stages.evaluate import success_standard_error
+
+    lines = [
+        "| variant | episodes per evaluation | eval success, initial | eval success, last (updates) "
+        "| last − initial, paired | s.e. of one evaluation |",
+        "|---|---|---|---|---|---|",
+    ]
     for variant, dirs in runs.items():
-        first, last, xs = [], [], []
-        for d in dirs:
-            ev = run_tables(d).eval.filter((pl.col("name") == "success_rate") & pl.col("task_type").is_null())
-            if ev.height == 0:
-                continue
-            ev = ev.sort("x")
-            first.append(ev["value"][0])
-            last.append(ev["value"][-1])
-            xs.append(int(ev["x"][-1]))
-        if first:
-            lines.append(f"| {variant} | {np.mean(first):.3f} | {np.mean(last):.3f} ({max(xs)}) |")
+        points = [h for d in dirs if (h := held_out(d)) is not None]
+        if not points:
+            continue
+        first = np.array([h["initial"] for h in points])
+        last = np.array([h["last"] for h in points])
+        one = [success_standard_error(h["last"], h["last_episodes"]) for h in points]
+        noise = float(np.sqrt(np.mean(np.square(one))))
+        one_first = success_standard_error(points[0]["initial"], points[0]["initial_episodes"])
+        cells = [
+            mean_with_se(first, one_first),
+            mean_with_se(last, one[0]),
+            mean_with_se(last - first, float(np.hypot(one_first, one[0]))),
+        ]
+        counts = sorted(
+            {int(h[k]) for h in points for k in ("initial_episodes", "last_episodes") if h[k] == h[k]}
+        )
+        updates = int(max(h["x"] for h in points))
+        text = [f"{m:.3f} ± {se:.3f}" for m, se in cells]
+        lines.append(
+            f"| {variant} | {'/'.join(map(str, counts)) or '-'} | {text[0]} | {text[1]} ({updates}) | "
+            f"{'+' if cells[2][0] >= 0 else ''}{text[2]} | {noise:.3f} |"
+        )
     return "\n".join(lines)
 
 
