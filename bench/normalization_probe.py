@@ -29,7 +29,10 @@ With ``--effects`` (household runs), a second table scores both credits against 
 effect (the change of the scripted expert's turns-to-go, ``learning_bench.step_effects``; steps with
 an effect ≠ 0): the share of rows each leaves at 0, the share whose sign agrees where it is not 0,
 and the weighted agreement Σ|c|·[sign agrees] / Σ|c|, the share of the credit's weight on these steps
-that pushes the right way.
+that pushes the right way; and for the rows of near-tie nodes, the share of A's weight on them and
+how often A's sign agrees there. A third table splits the credited effect rows by |x| (below 0.1,
+0.1–1, above 1 reward units): how often each credit's sign agrees there and how much of each
+credit's weight the bin holds (raw credit weights a row by |x|, Eq. 11 by its rank in its node).
 """
 
 from __future__ import annotations
@@ -154,6 +157,11 @@ def effect_agreement(rows: pl.DataFrame) -> dict[str, float]:
     rows = rows.filter(pl.col("effect").is_not_null() & (pl.col("effect") != 0))
     effect = np.sign(rows["effect"].to_numpy())
     out = {"effect_rows": float(rows.height)}
+    a = rows["a"].to_numpy()
+    tie = rows["near_tie"].to_numpy() if "near_tie" in rows.columns else np.zeros(len(a), dtype=bool)
+    moved_tie = tie & (a != 0)
+    out["tie_agree"] = float((np.sign(a) == effect)[moved_tie].mean()) if moved_tie.any() else float("nan")
+    out["tie_weight"] = float(np.abs(a[tie]).sum() / np.abs(a).sum()) if np.abs(a).sum() > 0 else float("nan")
     for name in ("x", "a"):
         c = rows[name].to_numpy()
         nonzero = c != 0
@@ -165,13 +173,48 @@ def effect_agreement(rows: pl.DataFrame) -> dict[str, float]:
     return out
 
 
-def with_effects(run_dir: Path, frames: list[pl.DataFrame]) -> pl.DataFrame:
-    """The run's credit rows joined with each step's true effect (cached next to the run)."""
+SIZE_BINS = (ZERO, 0.1, 1.0, float("inf"))  # |x| in reward units: below the invalid penalty, below 1, above
+
+
+def agreement_by_size(rows: pl.DataFrame) -> list[dict[str, float]]:
+    """For rows with an effect ≠ 0 and x ≠ 0, per bin of |x| (``SIZE_BINS``): the share of those rows,
+    the sign agreement of x and of A with the effect, and the share of Σ|x| and of Σ|A| in the bin
+    (how much of each credit's weight sits on small, medium and large raw credit) (pure)."""
+    rows = rows.filter(pl.col("effect").is_not_null() & (pl.col("effect") != 0) & (pl.col("x") != 0))
+    effect = np.sign(rows["effect"].to_numpy())
+    x, a = rows["x"].to_numpy(), rows["a"].to_numpy()
+    size = np.abs(x)
+    out = []
+    for low, high in zip(SIZE_BINS[:-1], SIZE_BINS[1:], strict=True):
+        b = (size >= low) & (size < high)
+        moved = b & (a != 0)
+        out.append(
+            {
+                "low": low,
+                "high": high,
+                "rows": float(b.mean()) if b.size else float("nan"),
+                "x_agree": float((np.sign(x) == effect)[b].mean()) if b.any() else float("nan"),
+                "a_agree": float((np.sign(a) == effect)[moved].mean()) if moved.any() else float("nan"),
+                "x_weight": float(size[b].sum() / size.sum()) if size.sum() > 0 else float("nan"),
+                "a_weight": float(np.abs(a[b]).sum() / np.abs(a).sum())
+                if np.abs(a).sum() > 0
+                else float("nan"),
+            }
+        )
+    return out
+
+
+def with_effects(run_dir: Path, frames: list[pl.DataFrame], tie: float) -> pl.DataFrame:
+    """The run's credit rows joined with each step's true effect (cached next to the run), and
+    ``near_tie``: the row's node has n ≥ 2 and a spread in [1e-5, ``tie``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from learning_bench import cached_step_effects
 
     effects = cached_step_effects(run_dir).select("traj_id", "step", pl.col("iter").cast(pl.Int32), "effect")
-    rows = pl.concat(frames).with_columns(pl.col("iter").cast(pl.Int32))
+    rows = pl.concat(frames).with_columns(
+        pl.col("iter").cast(pl.Int32),
+        near_tie=(pl.col("n") >= 2) & (pl.col("spread") >= ZERO) & (pl.col("spread") < tie),
+    )
     return rows.join(effects, on=["iter", "traj_id", "step"], how="left")
 
 
@@ -198,10 +241,15 @@ def main() -> None:
     args = parser.parse_args()
     effect_lines = [
         "| run | steps with an effect | x = 0 | A = 0 | sign agrees, x ≠ 0 | sign agrees, A ≠ 0 "
-        "| weighted agreement, x | weighted agreement, A |",
-        "|---|---|---|---|---|---|---|---|",
+        "| weighted agreement, x | weighted agreement, A | A's weight on near-ties | sign agrees, near-ties |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     pooled_effects: dict[str, list[pl.DataFrame]] = {}
+    size_lines = [
+        "| run | abs x | share of credited effect rows | sign agrees, x | sign agrees, A "
+        "| share of x's weight | share of A's weight |",
+        "|---|---|---|---|---|---|---|",
+    ]
     header = "| run | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
     lines = [header, "|" + "---|" * (len(COLUMNS) + 1)]
     pooled: dict[str, list[pl.DataFrame]] = {}
@@ -218,7 +266,7 @@ def main() -> None:
         pooled.setdefault(variant, []).extend(frames)
         cosines.setdefault(variant, []).extend(cosine(f) for f in frames)
         if args.effects:
-            joined = with_effects(path, frames)
+            joined = with_effects(path, frames, args.tie)
             pooled_effects.setdefault(variant, []).append(joined)
             effect_lines.append(effect_row(path.name, effect_agreement(joined)))
     if len(args.runs) > 1:
@@ -228,13 +276,20 @@ def main() -> None:
             lines.append(markdown_row(f"**{variant} (all)**", numbers))
         for variant, joined in pooled_effects.items():
             effect_lines.append(effect_row(f"**{variant} (all)**", effect_agreement(pl.concat(joined))))
+    for variant, joined in pooled_effects.items():
+        for b in agreement_by_size(pl.concat(joined)):
+            size_lines.append(
+                f"| {variant} | [{b['low']:g}, {b['high']:g}) | {b['rows']:.3f} | {b['x_agree']:.3f} | "
+                f"{b['a_agree']:.3f} | {b['x_weight']:.3f} | {b['a_weight']:.3f} |"
+            )
     print("\n".join(lines))
     if args.effects:
         print("\n" + "\n".join(effect_lines))
+        print("\n" + "\n".join(size_lines))
 
 
 def effect_row(label: str, numbers: dict[str, float]) -> str:
-    keys = ("x_zero", "a_zero", "x_agree", "a_agree", "x_weighted", "a_weighted")
+    keys = ("x_zero", "a_zero", "x_agree", "a_agree", "x_weighted", "a_weighted", "tie_weight", "tie_agree")
     return (
         f"| {label} | {numbers['effect_rows']:.0f} | " + " | ".join(f"{numbers[k]:.3f}" for k in keys) + " |"
     )

@@ -56,7 +56,10 @@ def test_the_probe_counts_flips_singletons_ties_and_weights_by_hand() -> None:
 
 
 def test_effect_agreement_by_hand() -> None:
-    rows = hand_batch().with_columns(effect=pl.Series([1, -1, 1, 0, 1, -1, None]))
+    rows = hand_batch().with_columns(
+        effect=pl.Series([1, -1, 1, 0, 1, -1, None]),
+        near_tie=pl.Series([False, False, False, False, False, True, True]),  # node 3
+    )
     got = effect_agreement(rows)  # rows 0, 1, 2, 4, 5 have an effect
     assert got["effect_rows"] == 5
     # x: all positive, so it agrees on rows 0, 2, 4 (effect +1): 3 of 5, weight (0.3 + 0.001 + 0.02) / 1.821
@@ -67,3 +70,6 @@ def test_effect_agreement_by_hand() -> None:
     assert got["a_zero"] == pytest.approx(1 / 5) and got["a_agree"] == pytest.approx(2 / 4)
     half, single = 0.5**0.5, 0.001 / (0.001 + 1e-6)
     assert got["a_weighted"] == pytest.approx((single + half) / (3 * half + single), rel=1e-4)
+    # near-ties: row 5 (row 6 has no known effect) agrees; its weight among the effect rows' |A|
+    assert got["tie_agree"] == 1.0
+    assert got["tie_weight"] == pytest.approx(half / (3 * half + single), rel=1e-4)
