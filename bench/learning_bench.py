@@ -12,7 +12,9 @@ The long-horizon protocol (BENCHMARKS.md, "Learning: long-horizon household"):
         --out bench_runs/long --section "Learning: long-horizon household (generate mode)"
 
 Variants: ``graft`` (GRAFT as the config sets it: by default step rewards in the step's own credit,
-Markov Graph GAE, node normalization), ``graft-v4`` (protocol v4's credit: step rewards inside the
+Graph GAE with Eq. 9's literal T − 1 − t horizon, node normalization), ``graft-literal`` /
+``graft-markov`` (the horizon named explicitly), ``graft-bootstrap`` (Markov horizon with
+``graph.truncation = "bootstrap"``), ``graft-v4`` (protocol v4's credit: step rewards inside the
 values, the literal T − 1 − t horizon), ``graft-flat`` (zero credit for groups whose outcomes do not
 vary), ``graft-floor`` (node std floor 0.1 reward units), ``graft-batch`` (per-node centring, batch
 std), ``graft-time`` (turn index in the state key, with the flat-group guard), ``graft-nonorm`` (no node

@@ -39,7 +39,7 @@ def test_the_digest_covers_the_resolved_settings_that_change_the_run(tmp_path):
     base = (ROOT / "configs" / "quickstart.toml").read_text()
     # a default the file does not name, set to another value: another digest
     changed = tmp_path / "c.toml"
-    changed.write_text(base.replace('normalize = "node"', 'normalize = "node"\ngae_horizon = "literal"'))
+    changed.write_text(base.replace('normalize = "node"', 'normalize = "node"\ngae_horizon = "markov"'))
     assert config_digest(changed) != config_digest()
     # bookkeeping and a disabled warm start do not count
     quiet = tmp_path / "l.toml"
