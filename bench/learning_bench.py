@@ -75,7 +75,7 @@ VARIANTS: dict[str, list[str]] = {
     "graft-floor": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.node_std_floor=0.1"],
     "graft-batch": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.normalize=batch"],
     # Markov Graph GAE without the ends of cut episodes (the tail is then the end mass of real ends
-    # only: docs/credit.md "Markov Graph GAE")
+    # only: docs/credit.md "Graph GAE horizon")
     "graft-bootstrap": [
         "advantage.estimator=graft",
         "advantage.gae=graph",
