@@ -21,6 +21,7 @@ directory name without its ``-s<seed>``), one Markdown row:
   [1e-5, ``tie``), against their share of Σ|x| (the weight raw credit gives them);
 * ``invalid weight``: the share of Σ|A| on invalid turns against their share of Σ|x|, and the mean A
   and mean x of invalid turns;
+* ``rms: x / A``: the root mean square of each credit over the rows (the scale the update sees);
 * ``cos(A, x)``: the cosine between the two credit vectors over the batch (1: normalization only
   rescales; the policy gradient is Σ A_t ∇log π(a_t|s_t), so rows weighted differently point it
   elsewhere), the mean over iterations.
@@ -106,6 +107,8 @@ def summary(rows: pl.DataFrame, tie: float) -> dict[str, float]:
         "invalid_mean_a": float(a[invalid].mean()) if invalid.any() else float("nan"),
         "invalid_mean_x": float(x[invalid].mean()) if invalid.any() else float("nan"),
         "mean_abs_x": float(np.abs(x).mean()),
+        "rms_x": float(np.sqrt(np.mean(x * x))),
+        "rms_a": float(np.sqrt(np.mean(a * a))),
     }
 
 
@@ -147,6 +150,7 @@ COLUMNS = (
     ("invalid_weight", "invalid weight: A / x", None),
     ("invalid_mean", "invalid mean: A / x", None),
     ("mean_abs_x", "mean abs x", "{:.3f}"),
+    ("rms", "rms: x / A", None),
     ("cos", "cos(A, x)", "{:.3f}"),
 )
 
@@ -225,6 +229,8 @@ def markdown_row(label: str, numbers: dict[str, float]) -> str:
             cells.append(fmt.format(numbers[key]))
         elif key == "invalid_mean":
             cells.append(f"{numbers[key + '_a']:+.2f} / {numbers[key + '_x']:+.2f}")
+        elif key == "rms":
+            cells.append(f"{numbers['rms_x']:.3f} / {numbers['rms_a']:.3f}")
         else:
             cells.append(f"{numbers[key + '_a']:.3f} / {numbers[key + '_x']:.3f}")
     return "| " + " | ".join(cells) + " |"

@@ -52,6 +52,9 @@ def test_the_probe_counts_flips_singletons_ties_and_weights_by_hand() -> None:
     assert got["invalid_weight_x"] == pytest.approx(0.02 / 2.881) and got["invalid_mean_a"] == 0.0
     a = rows["a"].to_numpy()
     x = rows["x"].to_numpy()
+    assert got["rms_x"] == pytest.approx(np.sqrt(np.mean(x**2))) and got["rms_a"] == pytest.approx(
+        np.sqrt(np.mean(a**2))
+    )
     assert cosine(rows) == pytest.approx(x @ a / np.linalg.norm(x) / np.linalg.norm(a))
 
 
