@@ -12,7 +12,9 @@ The long-horizon protocol (BENCHMARKS.md, "Learning: long-horizon household"):
         --out bench_runs/long --section "Learning: long-horizon household (generate mode)"
 
 Variants: ``graft`` (GRAFT as the config sets it: by default step rewards in the step's own credit,
-Markov Graph GAE, node normalization), ``graft-v4`` (protocol v4's credit: step rewards inside the
+Graph GAE with Eq. 9's literal T − 1 − t horizon, node normalization), ``graft-literal`` /
+``graft-markov`` (the horizon named explicitly), ``graft-bootstrap`` (Markov horizon with
+``graph.truncation = "bootstrap"``), ``graft-v4`` (protocol v4's credit: step rewards inside the
 values, the literal T − 1 − t horizon), ``graft-flat`` (zero credit for groups whose outcomes do not
 vary), ``graft-floor`` (node std floor 0.1 reward units), ``graft-batch`` (per-node centring, batch
 std), ``graft-time`` (turn index in the state key, with the flat-group guard), ``graft-nonorm`` (no node
@@ -73,8 +75,17 @@ VARIANTS: dict[str, list[str]] = {
     "graft-floor": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.node_std_floor=0.1"],
     "graft-batch": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.normalize=batch"],
     # Markov Graph GAE without the ends of cut episodes (the tail is then the end mass of real ends
-    # only: docs/credit.md "Markov Graph GAE"); protocol v6
-    "graft-bootstrap": ["advantage.estimator=graft", "advantage.gae=graph", "graph.truncation=bootstrap"],
+    # only: docs/credit.md "Graph GAE horizon")
+    "graft-bootstrap": [
+        "advantage.estimator=graft",
+        "advantage.gae=graph",
+        "advantage.gae_horizon=markov",
+        "graph.truncation=bootstrap",
+    ],
+    # the two Graph GAE horizons named explicitly, whatever the default (step rewards in the step's
+    # own credit, truncation = fail, node normalization as configured)
+    "graft-markov": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.gae_horizon=markov"],
+    "graft-literal": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.gae_horizon=literal"],
     "graft-time": [
         "advantage.estimator=graft",
         "advantage.gae=graph",
@@ -234,22 +245,68 @@ def success_table(runs: dict[str, list[Path]], every: int) -> tuple[str, dict[st
     return "\n".join(lines), curves
 
 
-def eval_table(runs: dict[str, list[Path]]) -> str:
-    """Markdown: held-out success of the initial and the last evaluated policy, mean over seeds."""
+def held_out(run_dir: Path) -> dict[str, float] | None:
+    """The initial and the last evaluation of a run (overall rows): success, episodes, and x (the
+    policy updates behind the last one); None for a run without evaluations."""
+    ev = run_tables(run_dir).eval.filter(pl.col("task_type").is_null())
+    if "split" in ev.columns:
+        ev = ev.filter(pl.col("split").is_null())
+    success = ev.filter(pl.col("name") == "success_rate").sort("x")
+    episodes = ev.filter(pl.col("name") == "episodes").sort("x")
+    if success.height == 0:
+        return None
+    return {
+        "initial": float(success["value"][0]),
+        "initial_episodes": float(episodes["value"][0]) if episodes.height else float("nan"),
+        "last": float(success["value"][-1]),
+        "last_episodes": float(episodes["value"][-1]) if episodes.height else float("nan"),
+        "x": float(success["x"][-1]),
+    }
 
-    lines = ["| variant | eval success, initial | eval success, last (updates) |", "|---|---|---|"]
+
+def mean_with_se(values: np.ndarray, single_se: float = float("nan")) -> tuple[float, float]:
+    """Mean over seeds and its standard error (std ddof=1 / √k); one seed: ``single_se``."""
+    if len(values) > 1:
+        return float(values.mean()), float(values.std(ddof=1) / np.sqrt(len(values)))
+    return float(values.mean()), single_se
+
+
+def eval_table(runs: dict[str, list[Path]]) -> str:
+    """Markdown: held-out success of the initial and the last evaluated policy per variant, each the
+    mean over seeds ± its standard error (over seeds when there are several; one seed: the binomial
+    s.e. of that run's episodes, ``stages.evaluate.success_standard_error``), the change last −
+    initial paired by seed, the episodes per evaluation and the s.e. of one evaluation (the root mean
+    square of the runs' binomial s.e. of the last evaluation: the eval's own sampling noise)."""
+    from stages.evaluate import success_standard_error
+
+    lines = [
+        "| variant | episodes per evaluation | eval success, initial | eval success, last (updates) "
+        "| last − initial, paired | s.e. of one evaluation |",
+        "|---|---|---|---|---|---|",
+    ]
     for variant, dirs in runs.items():
-        first, last, xs = [], [], []
-        for d in dirs:
-            ev = run_tables(d).eval.filter((pl.col("name") == "success_rate") & pl.col("task_type").is_null())
-            if ev.height == 0:
-                continue
-            ev = ev.sort("x")
-            first.append(ev["value"][0])
-            last.append(ev["value"][-1])
-            xs.append(int(ev["x"][-1]))
-        if first:
-            lines.append(f"| {variant} | {np.mean(first):.3f} | {np.mean(last):.3f} ({max(xs)}) |")
+        points = [h for d in dirs if (h := held_out(d)) is not None]
+        if not points:
+            continue
+        first = np.array([h["initial"] for h in points])
+        last = np.array([h["last"] for h in points])
+        one = [success_standard_error(h["last"], h["last_episodes"]) for h in points]
+        noise = float(np.sqrt(np.mean(np.square(one))))
+        one_first = success_standard_error(points[0]["initial"], points[0]["initial_episodes"])
+        cells = [
+            mean_with_se(first, one_first),
+            mean_with_se(last, one[0]),
+            mean_with_se(last - first, float(np.hypot(one_first, one[0]))),
+        ]
+        counts = sorted(
+            {int(h[k]) for h in points for k in ("initial_episodes", "last_episodes") if h[k] == h[k]}
+        )
+        updates = int(max(h["x"] for h in points))
+        text = [f"{m:.3f} ± {se:.3f}" for m, se in cells]
+        lines.append(
+            f"| {variant} | {'/'.join(map(str, counts)) or '-'} | {text[0]} | {text[1]} ({updates}) | "
+            f"{'+' if cells[2][0] >= 0 else ''}{text[2]} | {noise:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -272,6 +329,90 @@ def verdict(curves: dict[str, np.ndarray]) -> str:
     if wins:
         return f"**{best} wins** (AUC gap > 2 s.e. against every variant): {'; '.join(margins)}."
     return f"**No detectable difference** (decision rule: AUC gap > 2 s.e.): {'; '.join(margins)}."
+
+
+def per_seed_table(curves: dict[str, np.ndarray], runs: dict[str, list[Path]]) -> str:
+    """Markdown: every run on its own row: AUC (mean training success over all iterations), mean of
+    the last 5 iterations, and held-out success initial → last ± its binomial s.e. (episodes)."""
+    from stages.evaluate import success_standard_error
+
+    lines = [
+        "| variant | seed run | AUC | last 5 | held-out initial | held-out last ± s.e. (episodes) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for variant, c in curves.items():
+        for row, run_dir in zip(c, runs[variant], strict=False):
+            h = held_out(run_dir)
+            if h is None:
+                ev = "- | -"
+            else:
+                se = success_standard_error(h["last"], h["last_episodes"])
+                ev = f"{h['initial']:.3f} | {h['last']:.3f} ± {se:.3f} ({h['last_episodes']:.0f})"
+            lines.append(f"| {variant} | {run_dir.name} | {row.mean():.3f} | {row[-5:].mean():.3f} | {ev} |")
+    return "\n".join(lines)
+
+
+def run_seed(run_dir: Path) -> int:
+    """The seed of a benchmark run directory ``<variant>-s<seed>``."""
+    return int(run_dir.name.rsplit("-s", 1)[1])
+
+
+def paired_differences(
+    curves: dict[str, np.ndarray], runs: dict[str, list[Path]], base: str
+) -> tuple[str, dict[str, tuple[float, float]]]:
+    """Markdown and numbers: each variant minus ``base``, paired by seed (the seeds both have): AUC,
+    last-5 mean and the last held-out success, each mean ± s.e. of the per-seed differences (std
+    ddof=1 / √k) with the number of seeds where the variant is ahead; returns the AUC (mean, s.e.)
+    per variant for the decision rule."""
+    lines = [
+        f"| variant − {base} | seeds | AUC, paired ± s.e. | ahead on | last 5, paired ± s.e. "
+        "| held-out last, paired ± s.e. |",
+        "|---|---|---|---|---|---|",
+    ]
+    auc: dict[str, tuple[float, float]] = {}
+
+    def mean_se(x: np.ndarray) -> tuple[float, float]:
+        se = float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+        return float(x.mean()), se
+
+    def by_seed(variant: str) -> dict[int, tuple[np.ndarray, dict[str, float] | None]]:
+        return {
+            run_seed(d): (row, held_out(d)) for row, d in zip(curves[variant], runs[variant], strict=True)
+        }
+
+    base_runs = by_seed(base)
+    for variant in curves:
+        if variant == base:
+            continue
+        mine = by_seed(variant)
+        seeds = sorted(set(mine) & set(base_runs))
+        if not seeds:
+            continue
+        n = len(seeds)
+        d_auc = np.array([mine[s][0].mean() - base_runs[s][0].mean() for s in seeds])
+        d_last = np.array([mine[s][0][-5:].mean() - base_runs[s][0][-5:].mean() for s in seeds])
+        evals = [(mine[s][1], base_runs[s][1]) for s in seeds]
+        d_eval = np.array([a["last"] - b["last"] for a, b in evals if a is not None and b is not None])
+        auc[variant] = mean_se(d_auc)
+        text = [f"{m:+.3f} ± {se:.3f}" for m, se in (mean_se(d_auc), mean_se(d_last))]
+        text.append(f"{mean_se(d_eval)[0]:+.3f} ± {mean_se(d_eval)[1]:.3f}" if len(d_eval) else "-")
+        lines.append(
+            f"| {variant} | {n} | {text[0]} | {int((d_auc > 0).sum())} of {n} | {text[1]} | {text[2]} |"
+        )
+    return "\n".join(lines), auc
+
+
+def paired_verdict(auc: dict[str, tuple[float, float]], base: str) -> str:
+    """One benchmark's half of the rule: a variant is ahead of ``base`` when its AUC minus base's,
+    paired by seed, exceeds twice the s.e. of those differences (a NaN s.e. never counts)."""
+    parts = []
+    for variant, (mean, se) in auc.items():
+        ahead = bool(mean > 2 * se)
+        parts.append(
+            f"{variant} − {base} = {mean:+.3f} (2 paired s.e. = {2 * se:.3f}): "
+            + ("**ahead**" if ahead else "not ahead")
+        )
+    return "Paired rule (AUC difference > 2 paired s.e.): " + "; ".join(parts) + "."
 
 
 def improvement_table(curves: dict[str, np.ndarray]) -> str:
@@ -582,6 +723,18 @@ def sign_agreement_table(runs: dict[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
+def paired_sections(curves: dict[str, np.ndarray], runs: dict[str, list[Path]], base: str) -> list[str]:
+    """The per-seed table, the differences to ``base`` paired by seed, and the paired rule's line."""
+    table, auc = paired_differences(curves, runs, base)
+    return [
+        "Every run (AUC = mean training success over all iterations):",
+        per_seed_table(curves, runs),
+        f"Differences to {base}, paired by seed (mean ± s.e. of the per-seed differences):",
+        table,
+        paired_verdict(auc, base),
+    ]
+
+
 def write_section(path: Path, body: str, section_title: str = SECTION) -> None:
     """Replace (or append) the "## <title>" section of BENCHMARKS.md, leaving other sections alone."""
     text = path.read_text() if path.is_file() else "# Benchmarks\n"
@@ -606,6 +759,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench_runs" / "learning"))
     parser.add_argument("--set", dest="extra", action="append", default=[])
     parser.add_argument("--every", type=int, default=2, help="table row every N iterations")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="a variant to pair the others with by seed: per-seed table, paired differences and the rule",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     parser.add_argument("--note", default="", help="Markdown paragraph put at the top of the section")
     parser.add_argument("--section", default=SECTION, help="BENCHMARKS.md section title (## ...)")
@@ -695,6 +853,7 @@ def main() -> None:
             + f"--iters {args.iters} --seeds {' '.join(map(str, args.seeds))} --variants {' '.join(args.variants)}`.",
             table,
             verdict(curves),
+            *(paired_sections(curves, runs, args.baseline) if args.baseline in curves else []),
             "Does RL improve the warm start (training success, last 5 iterations vs iteration 0)?",
             improvement_table(curves),
             "Held-out evaluation (eval split of the same environment):",

@@ -5,7 +5,11 @@
 
 ``docs/quickstart/provenance.json`` records what the pictures and the README's quickstart lines come
 from: the sha256 of the resolved config (every key, defaults included, as ``config.toml`` saves it),
-the commit, and the numbers the README quotes. tests/test_quickstart_docs.py fails when the config
+the commit, the numbers the README quotes (held-out success with its standard error and episodes) and
+``training_sha256``, a digest of what the run trained on (``training_digest``): a rerun, or a change
+that must leave training alone (an evaluation setting, a report), reproduces it.
+
+    python bench/quickstart_docs.py --digest RUN [RUN ...]   # print the training digest of runs tests/test_quickstart_docs.py fails when the config
 or a default it resolves to changes without the docs being regenerated, and when the README quotes
 other numbers than the provenance holds.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +30,10 @@ from schemas.config import load_config  # noqa: E402
 
 CONFIG = ROOT / "configs" / "quickstart.toml"
 DOCS = ROOT / "docs" / "quickstart"
+# what a run trained on: its rollouts, graphs, values, credit and updates, and their metrics rows
+TRAINING_TABLES = ("steps", "nodes", "edges", "values", "advantages", "update")
+TRAINING_METRICS = ("rollout", "graph", "solve", "advantage", "update")
+WALL_CLOCK = re.compile(r"seconds|_per_s")  # metric names that measure time, not what was computed
 
 
 def config_digest(path: Path = CONFIG) -> str:
@@ -41,6 +50,29 @@ def config_digest(path: Path = CONFIG) -> str:
     return hashlib.sha256(dump_toml(data).encode()).hexdigest()
 
 
+def training_digest(run_dir: Path) -> str:
+    """sha256 over the rows of every table a run trained on (``TRAINING_TABLES`` and the metrics of
+    ``TRAINING_METRICS``, wall-clock rows dropped), iteration by iteration, as NDJSON: equal for two
+    runs exactly when their rollouts, credit and updates are equal; evaluations and timings do not count."""
+    import polars as pl
+
+    digest = hashlib.sha256()
+    iteration = 0
+    while (folder := run_dir / f"iter_{iteration:04d}").is_dir():
+        names = [*TRAINING_TABLES, *(f"metrics_{stage}" for stage in TRAINING_METRICS)]
+        for name in names:
+            path = folder / f"{name}.parquet"
+            if not path.is_file():
+                continue
+            frame = pl.read_parquet(path)
+            if "name" in frame.columns:
+                frame = frame.filter(~pl.col("name").str.contains(WALL_CLOCK.pattern))
+            digest.update(f"{iteration}/{name}\n".encode())
+            digest.update(frame.write_ndjson().encode())
+        iteration += 1
+    return digest.hexdigest()
+
+
 def run_numbers(run_dir: Path) -> dict[str, float]:
     import polars as pl
 
@@ -49,18 +81,29 @@ def run_numbers(run_dir: Path) -> dict[str, float]:
 
     tables = load_run_tables(open_run(run_dir))
     curve = training_curve(tables.metrics, "success_rate")["value"].to_list()
-    ev = tables.eval.filter((pl.col("name") == "success_rate") & pl.col("task_type").is_null()).sort("x")
+    from stages.evaluate import success_standard_error
+
+    overall = tables.eval.filter(pl.col("task_type").is_null())
+    ev = overall.filter(pl.col("name") == "success_rate").sort("x")
+    episodes = overall.filter(pl.col("name") == "episodes").sort("x")["value"]
     return {
         "iterations": len(curve),
         "training_success_first": round(curve[0], 3),
         "training_success_last": round(curve[-1], 3),
         "training_success_best": round(max(curve), 3),
         "eval_success_initial": round(float(ev["value"][0]), 3),
+        "eval_success_initial_se": round(success_standard_error(ev["value"][0], episodes[0]), 3),
         "eval_success_last": round(float(ev["value"][-1]), 3),
+        "eval_success_last_se": round(success_standard_error(ev["value"][-1], episodes[-1]), 3),
+        "eval_episodes": int(episodes[-1]),
     }
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--digest"]:
+        for run in sys.argv[2:]:
+            print(training_digest(Path(run)), run)
+        return
     run_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "runs" / "quickstart"
     subprocess.run(["graft", "report", str(run_dir), "-o", str(DOCS)], check=True, cwd=ROOT)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
@@ -69,6 +112,7 @@ def main() -> None:
         "config_sha256": config_digest(),
         "commit": commit.stdout.strip(),
         **run_numbers(run_dir),
+        "training_sha256": training_digest(run_dir),
     }
     (DOCS / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
     print(json.dumps(provenance, indent=2))

@@ -133,9 +133,11 @@ class AdvantageConfig:
     estimator: str = "graft"
     gae: Literal["graph", "trajectory", "none"] = "graph"
     lam: float = 0.95
-    # Graph GAE's k-hop horizon: "markov" = a function of the edge (until E_k is empty, cycles closed
-    # where (γλ)^k < 1e-6); "literal" = H_t = T − 1 − t, the steps left in the row's own trajectory
-    gae_horizon: Literal["markov", "literal"] = "markov"
+    # Graph GAE's k-hop horizon: "literal" = Eq. 9 as written, H_t = T − 1 − t, the steps left in the
+    # row's own trajectory; "markov" (an option, beyond the paper) = a function of the edge (until E_k
+    # is empty, cycles closed where (γλ)^k < 1e-6). Chosen by a pre-registered comparison
+    # (docs/results/credit-horizon.md): no other reading learned better on both benchmarks
+    gae_horizon: Literal["markov", "literal"] = "literal"
     # Eq. 11 per src node ("node"), none, or centred per node and scaled by the batch's std ("batch")
     normalize: Literal["node", "none", "batch"] = "node"
     # beyond the paper (variants, docs/credit.md): a floor on the per-node std (and the single-edge

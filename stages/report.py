@@ -9,7 +9,8 @@ update), and writes
 * ``update.png``: loss, KL, entropy, clip fraction and grad norm of the policy update per iteration
   (the ``metrics_update`` rows), when the runs have any;
 * ``report.md``: a table per run like the paper's Table 1 (success % per task type and All, from the
-  last evaluation; score too when the environment has one) plus the images.
+  last evaluation, All with its standard error and the number of episodes behind it; score too when the
+  environment has one) plus the images.
 
 x axis: the number of policy updates behind the policy that acted. The rollout of iteration i uses
 the policy after i updates (x = i); the evaluation stored in iteration i evaluates the checkpoint
@@ -27,6 +28,7 @@ from schemas import read_table
 from schemas.errors import GraftError
 from schemas.manifest import verify_finished
 from schemas.rundir import Run, open_run
+from stages.evaluate import success_standard_error
 
 # ALFWorld's subtask labels in the order of the paper's Table 1, with its column names; other task
 # types follow alphabetically under their own names.
@@ -141,11 +143,21 @@ def sparkline(values: list[float], low: float = 0.0, high: float = 1.0) -> str:
 
 
 def success_summary(run: Run) -> str:
-    """``success 0.22 → 0.97  ▂▃▄▅▆▇█`` for a run's training rollouts (empty if it has none)."""
-    curve = training_curve(load_run_tables(run).metrics, "success_rate")["value"].to_list()
-    if not curve:
-        return ""
-    return f"training success {curve[0]:.2f} → {curve[-1]:.2f}  {sparkline(curve)}"
+    """``training success 0.22 → 0.97  ▂▃▄▅▆▇█`` for a run's training rollouts, then the held-out
+    success of its first and last evaluation with the last one's standard error and episodes
+    (``held-out 0.20 → 0.66 ± 0.06 (64 episodes)``); empty if the run has neither."""
+    tables = load_run_tables(run)
+    curve = training_curve(tables.metrics, "success_rate")["value"].to_list()
+    parts = [f"training success {curve[0]:.2f} → {curve[-1]:.2f}  {sparkline(curve)}"] if curve else []
+    held_out = eval_curve(tables.eval, "success_rate")["value"].to_list()
+    if held_out:
+        episodes = eval_curve(tables.eval, "episodes")["value"].to_list()
+        se = success_standard_error(held_out[-1], episodes[-1]) if episodes else float("nan")
+        first = f"{held_out[0]:.2f} → " if len(held_out) > 1 else ""
+        spread = f" ± {se:.2f}" if se == se else ""
+        count = f" ({episodes[-1]:.0f} episodes)" if episodes else ""
+        parts.append(f"held-out {first}{held_out[-1]:.2f}{spread}{count}")
+    return "   ".join(parts)
 
 
 def order_task_types(types: list[str]) -> list[str]:
@@ -158,10 +170,12 @@ def per_type_table(tables: list[RunTables]) -> str:
     """A Markdown table like the paper's Table 1: success % per task type and All, last evaluation
     (plus Score %, the mean task score, for ``shop`` runs and wherever it differs from success).
 
+    The All cell carries the standard error of the overall success (``stages.evaluate.
+    success_standard_error``, in points) and the Episodes column the number of episodes behind it.
     A run without evaluations falls back to its last training rollout (marked ``(train)``).
     Cells of types a run never saw are ``–``.
     """
-    rows: list[tuple[str, dict[str, float], float | None]] = []
+    rows: list[tuple[str, dict[str, float], float | None, float | None]] = []
     all_types: set[str] = set()
     for t in tables:
         frame, label = t.eval, t.label
@@ -169,7 +183,7 @@ def per_type_table(tables: list[RunTables]) -> str:
             frame = t.metrics.filter(pl.col("stage") == "rollout")
             label = f"{t.label} (train)"
         if frame.height == 0:
-            rows.append((label, {}, None))
+            rows.append((label, {}, None, None))
             continue
         last_x = frame["x"].max()
         last = frame.filter(pl.col("x") == last_x)
@@ -178,30 +192,40 @@ def per_type_table(tables: list[RunTables]) -> str:
         # all evaluated episodes first, then each split (e.g. ALFWorld valid_seen / valid_unseen)
         for split in [None, *last["split"].drop_nulls().unique().sort().to_list()]:
             part = last.filter(pl.col("split").is_null() if split is None else pl.col("split") == split)
-            per_type, score = _success_and_score(part)
+            per_type, score, episodes = _success_and_score(part)
             all_types.update(k for k in per_type if k != "All")
             name = label if split is None else f"{label} [{split}]"
-            rows.append((f"{name} @ {last_x} updates", per_type, score))
+            rows.append((f"{name} @ {last_x} updates", per_type, score, episodes))
     types = order_task_types(sorted(all_types))
     # Score beside Success for WebShop-style environments (the paper's Table 1), and wherever the
     # score says more than success (partial credit)
     has_score = any(t.env in SCORED_ENVS for t in tables) or any(
         r[2] is not None and abs(r[2] - r[1].get("All", r[2])) > 1e-9 for r in rows
     )
-    header = ["run", *(TYPE_LABELS.get(t, t or "(none)") for t in types), "All"] + (
-        ["Score"] if has_score else []
-    )
+    header = ["run", *(TYPE_LABELS.get(t, t or "(none)") for t in types), "All (± s.e.)"]
+    header += (["Score"] if has_score else []) + ["Episodes"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, per_type, score in rows:
-        cells = [label] + [f"{per_type[k]:.1f}" if k in per_type else "–" for k in [*types, "All"]]
+    for label, per_type, score, episodes in rows:
+        cells = [label] + [f"{per_type[k]:.1f}" if k in per_type else "–" for k in types]
+        cells.append(_overall_cell(per_type.get("All"), episodes))
         if has_score:
             cells.append(f"{score:.1f}" if score is not None else "–")
+        cells.append(f"{episodes:.0f}" if episodes is not None else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _success_and_score(last: pl.DataFrame) -> tuple[dict[str, float], float | None]:
-    """Success % per task type and "All", and the overall Score % (None without mean_score rows)."""
+def _overall_cell(percent: float | None, episodes: float | None) -> str:
+    """``37.5 ± 6.1``: overall success % with its standard error in points (no ± below 2 episodes)."""
+    if percent is None:
+        return "–"
+    se = success_standard_error(percent / 100.0, episodes) if episodes is not None else float("nan")
+    return f"{percent:.1f}" + (f" ± {100.0 * se:.1f}" if se == se else "")
+
+
+def _success_and_score(last: pl.DataFrame) -> tuple[dict[str, float], float | None, float | None]:
+    """Success % per task type and "All", the overall Score % (None without mean_score rows) and the
+    number of episodes behind "All" (None without an episodes row)."""
     success = last.filter(pl.col("name") == "success_rate")
     per_type = {
         r["task_type"]: 100.0 * r["value"]
@@ -210,7 +234,12 @@ def _success_and_score(last: pl.DataFrame) -> tuple[dict[str, float], float | No
     overall = success.filter(pl.col("task_type").is_null())["value"]
     per_type["All"] = 100.0 * float(overall[0]) if overall.len() else float("nan")
     score = last.filter((pl.col("name") == "mean_score") & pl.col("task_type").is_null())["value"]
-    return per_type, 100.0 * float(score[0]) if score.len() else None
+    episodes = last.filter((pl.col("name") == "episodes") & pl.col("task_type").is_null())["value"]
+    return (
+        per_type,
+        100.0 * float(score[0]) if score.len() else None,
+        float(episodes[0]) if episodes.len() else None,
+    )
 
 
 def plot_curves(tables: list[RunTables], path: Path) -> Path:

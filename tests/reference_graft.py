@@ -131,7 +131,7 @@ def reference_advantages(
     gae: str = "graph",
     normalize: str = "node",
     step_rewards: str = "step",
-    gae_horizon: str = "markov",
+    gae_horizon: str = "literal",
     std_floor: float = 0.0,
 ) -> dict[str, list[float]]:
     """Per row (table order): 'td', 'gae', 'advantage', 'norm_group_size'."""

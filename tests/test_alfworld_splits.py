@@ -77,4 +77,6 @@ def test_both_splits_are_reported_separately(two_splits):
     md = per_type_table([RunTables("alf", pl.DataFrame(), evals, "alfworld")]).splitlines()
     labels = [line.split("|")[1].strip() for line in md[2:]]
     assert labels == ["alf @ 1 updates", "alf [valid_seen] @ 1 updates", "alf [valid_unseen] @ 1 updates"]
-    assert [line.split("|")[-2].strip() for line in md[2:]] == ["33.3", "50.0", "0.0"]
+    # All ± s.e. (√(p(1 − p)/(n − 1)) over the row's episodes; one episode: none), then the episodes
+    assert [line.split("|")[-3].strip() for line in md[2:]] == ["33.3 ± 33.3", "50.0 ± 50.0", "0.0"]
+    assert [line.split("|")[-2].strip() for line in md[2:]] == ["3", "2", "1"]

@@ -1,8 +1,9 @@
-"""The default credit reading (SPEC §4): step rewards in the step's own credit, Markov Graph GAE; and
-the variants beyond the paper (node std floor, batch scale, flat groups, time-aware state key).
+"""The default credit reading (SPEC §4): step rewards in the step's own credit, Eq. 9's literal
+horizon; the Markov horizon (``advantage.gae_horizon = "markov"``, an option); and the variants beyond
+the paper (node std floor, batch scale, flat groups, time-aware state key).
 
-The literal options (``solve.step_rewards = "values"``, ``advantage.gae_horizon = "literal"``) are
-pinned to protocol v4's numbers in tests/test_advantage_graft.py and below.
+The earlier reading (``solve.step_rewards = "values"`` with the literal horizon) is pinned to protocol
+v4's numbers in tests/test_advantage_graft.py and below.
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ def test_all_invalid_group_literal_options_reproduce_the_turn_index_credit():
 
 
 def test_markov_graph_gae_of_the_hand_example():
-    # fig2 with the default reading: V(L) = 0.9/2.1 (the −0.1 stays out of V), V(D) = 0.45.
+    # fig2 with step rewards in the step's credit: V(L) = 0.9/2.1 (the −0.1 stays out of V), V(D) = 0.45.
     gamma, lam = 0.9, 0.5
-    adv = _advantages(fig2_steps(), gamma=gamma, lam=lam, normalize="none")
+    adv = _advantages(fig2_steps(), gamma=gamma, lam=lam, normalize="none", gae_horizon="markov")
     V = {"G": 1.0, "F": 0.0, "D": 0.45, "L": 0.9 / 2.1}
     V["S"] = 0.9 * (2 * V["L"] + 4 * V["D"]) / 6
     td_SL, td_SD = gamma * V["L"] - V["S"], gamma * V["D"] - V["S"]
@@ -94,7 +95,14 @@ def test_markov_graph_gae_of_the_hand_example():
     np.testing.assert_allclose(adv["gae"].to_numpy(), gae, atol=1e-9)
     np.testing.assert_array_equal(adv["advantage"].to_numpy(), adv["gae"].to_numpy())
     literal = _advantages(fig2_steps(), gamma=gamma, lam=lam, normalize="none", gae_horizon="literal")
-    assert literal["gae"][11] == pytest.approx(td_SD, abs=1e-9)  # the literal tail depends on the turn
+    # the literal tail depends on the turn: r11 is T6's last step (H = 0), the other S -> D rows keep it
+    assert literal["gae"][11] == pytest.approx(td_SD, abs=1e-9)
+    expected = list(gae)
+    expected[11] = td_SD
+    np.testing.assert_allclose(literal["gae"].to_numpy(), expected, atol=1e-9)
+    # ... and it is the default
+    default = _advantages(fig2_steps(), gamma=gamma, lam=lam, normalize="none")
+    np.testing.assert_array_equal(default["gae"].to_numpy(), literal["gae"].to_numpy())
 
 
 def _noop_case() -> pl.DataFrame:
@@ -141,7 +149,7 @@ def test_step_rewards_in_values_credit_waiting():
     values = credit.solve(nodes, edges, gamma=0.99, step_rewards="values")
     v_a = values.join(nodes, on=["group_id", "node"]).filter(pl.col("state") == "A")["value"][0]
     assert v_a < 0
-    adv = _advantages(steps, step_rewards="values")
+    adv = _advantages(steps, step_rewards="values", gae_horizon="markov")
     noop, move, _ = _noop_and_move(adv, steps)
     noop_td = steps.with_columns(adv["td"]).filter((pl.col("state") == "A") & (pl.col("next_state") == "A"))
     np.testing.assert_allclose(noop_td.filter(pl.col("reward") == 0)["td"].to_numpy(), -(1 - 0.99) * v_a)
@@ -157,7 +165,7 @@ def test_step_rewards_in_values_credit_waiting():
 )
 def test_identical_transitions_of_a_group_get_identical_markov_credit(knobs, gamma, lam, step_rewards):
     steps = synth_steps(**knobs)
-    adv = _advantages(steps, gamma=gamma, lam=lam, step_rewards=step_rewards)
+    adv = _advantages(steps, gamma=gamma, lam=lam, step_rewards=step_rewards, gae_horizon="markov")
     joined = steps.select("group_id", "state", "action", "next_state", "reward").with_columns(
         adv["gae"], adv["advantage"]
     )
@@ -180,7 +188,7 @@ def test_markov_tail_closes_cycles_at_the_documented_tolerance():
         ]
     )
     gamma, lam = 0.9, 0.5
-    adv = _advantages(steps, gamma=gamma, lam=lam, normalize="none")
+    adv = _advantages(steps, gamma=gamma, lam=lam, normalize="none", gae_horizon="markov")
     # V(S) = (γV(S) + γV(S) + γ·1 + 0) / 4 (3 out-edges: S->S twice, S->G; one end R = 0) -> 0.9/2.2
     v_s = 0.9 / 2.2
     td = np.array([gamma * v_s - v_s, gamma * 1.0 - v_s, gamma * v_s - v_s])
@@ -275,7 +283,7 @@ def test_variant_settings_are_validated():
     with pytest.raises(GraftError, match="'graph.time_key' = true needs graph.canonicalize = 'exact'"):
         load_config(None, ["graph.time_key=true", "graph.canonicalize=similarity"])
     defaults = load_config(None)
-    assert defaults.solve.step_rewards == "step" and defaults.advantage.gae_horizon == "markov"
+    assert defaults.solve.step_rewards == "step" and defaults.advantage.gae_horizon == "literal"
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -320,7 +328,9 @@ def test_the_markov_tail_is_the_end_mass_that_has_no_row(truncation):
     steps = _markov_tail_case()
     nodes, edges = credit.graph(steps, truncation=truncation)
     values = credit.solve(nodes, edges, gamma=gamma)
-    adv = credit.advantages(steps, nodes, edges, values, gamma=gamma, lam=0.95, normalize="none")
+    adv = credit.advantages(
+        steps, nodes, edges, values, gamma=gamma, lam=0.95, normalize="none", gae_horizon="markov"
+    )
     out_of_a = (steps["state"] == "A").to_numpy()
     into_a = (steps["next_state"] == "A").to_numpy()
     td, tail = adv["td"].to_numpy(), (adv["gae"] - adv["td"]).to_numpy()

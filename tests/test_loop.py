@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from graft_cli.app import app
@@ -17,7 +20,7 @@ from schemas import read_table, write_table
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
 from schemas.rundir import CHECKPOINT_MARKER, STAGES, Run, atomic_dir, commit_dir, create_run
-from stages.evaluate import episode_table, eval_rows, output_path, summary_rows
+from stages.evaluate import episode_table, eval_rows, output_path, success_standard_error, summary_rows
 from stages.loop import eval_due, run_loop
 from stages.synth import synth_steps
 
@@ -220,6 +223,46 @@ def test_eval_score_column_wins_over_outcome() -> None:
     assert episodes["score"].to_list() == [0.6, 1.0]  # the last step's score of each trajectory
     rows = summary_rows(episodes)
     assert rows.filter((pl.col("name") == "mean_score") & pl.col("task_type").is_null())["value"][0] == 0.8
+
+
+def test_success_standard_error_from_a_hand_built_eval_table() -> None:
+    # five one-turn episodes, three won: p = 0.6, s² = 5·0.6·0.4/4 = 0.3, s.e. = √(0.3/5) = √0.06
+    steps = pl.DataFrame(
+        {
+            "traj_id": ["a", "b", "c", "d", "e"],
+            "task_type": ["pick"] * 5,
+            "step": [0] * 5,
+            "reward": [0.0] * 5,
+            "outcome": [10.0, 0.0, 10.0, 10.0, 0.0],
+        }
+    )
+    rows = eval_rows(steps, 10.0, 0, "ck").filter(pl.col("task_type").is_null())
+    got = dict(zip(rows["name"], rows["value"], strict=True))
+    assert success_standard_error(got["success_rate"], got["episodes"]) == pytest.approx(0.06**0.5)
+    assert success_standard_error(1.0, 64) == 0.0 and success_standard_error(0.0, 64) == 0.0
+    assert np.isnan(success_standard_error(1.0, 1)) and np.isnan(success_standard_error(0.5, 0))
+    # 64 episodes at p = 0.5 (the widest case): 0.063, the resolution the held-out evaluations need
+    assert success_standard_error(0.5, 64) == pytest.approx((0.25 / 63) ** 0.5)
+
+
+@given(st.lists(st.booleans(), min_size=2, max_size=200))
+def test_success_standard_error_is_the_sample_std_of_the_episodes_over_root_n(wins: list[bool]) -> None:
+    outcomes = np.array(wins, dtype=float)
+    reference = outcomes.std(ddof=1) / np.sqrt(len(outcomes))
+    assert success_standard_error(outcomes.mean(), len(outcomes)) == pytest.approx(reference, abs=1e-12)
+
+
+def test_every_benchmark_config_evaluates_at_least_64_episodes_first_and_last() -> None:
+    """The paper-scale and benchmark configs evaluate the initial policy and the last checkpoint on
+    at least 64 held-out episodes, so a change of 0.1 in held-out success is about 2 s.e."""
+    for path in sorted(CONFIGS.glob("*.toml")):  # configs/cpu/* are smoke configs, not benchmarks
+        config = load_config(path)
+        episodes = config.env.eval_tasks * config.eval.group_size
+        assert episodes >= 64, (path.name, episodes)
+        assert config.eval.initial and config.run.eval_every > 0, path.name
+        assert eval_due(config.run.iters - 1, config.run.iters - 1, config.run.eval_every), path.name
+    long = load_config(CONFIGS / "household_long.toml")
+    assert (long.env.eval_tasks, long.eval.group_size, long.eval.temperature) == (16, 4, 0.4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,3 +549,30 @@ def test_releasing_the_engine_before_the_update_changes_no_table(reference_run: 
         assert got[name].equals(frame), name
     auto = load_config(CONFIGS / "quickstart.toml", MICRO)
     assert not from_config.engine_released_for_update(auto)  # a CPU run keeps its engine (no memory to free)
+
+
+@pytest.mark.slow
+def test_a_larger_evaluation_changes_no_training_table(reference_run: Path, tmp_path: Path) -> None:
+    """The evaluation plays on its own seed stream: three episodes per held-out task instead of one
+    leave every steps, graph, solve, advantage, update and checkpoint output as it was, and the initial
+    and the last evaluation each play eval_tasks × group_size episodes."""
+    config = load_config(CONFIGS / "quickstart.toml", [*MICRO, "eval.group_size=3"])
+    run = create_run(tmp_path / "larger_eval", config)
+    run_loop(run, config, config.run.iters)
+    want, got = _tables(reference_run), _tables(run.root)
+    assert sorted(got) == sorted(want)
+    evals = {name for name in want if name == "eval.parquet" or name.endswith("/eval.parquet")}
+    assert evals == {"eval.parquet", "iter_0000/eval.parquet", "iter_0001/eval.parquet"}
+    for name, frame in want.items():
+        if name not in evals:
+            assert got[name].equals(frame), name
+    for name in ("eval.parquet", "iter_0001/eval.parquet"):  # the initial policy and the last checkpoint
+        overall = got[name].filter(pl.col("task_type").is_null() & (pl.col("name") == "episodes"))
+        assert overall["value"].to_list() == [config.env.eval_tasks * 3]
+        before = want[name].filter(pl.col("task_type").is_null() & (pl.col("name") == "episodes"))
+        assert before["value"].to_list() == [config.env.eval_tasks * 1]
+    a, b = _checkpoint_tensors(reference_run), _checkpoint_tensors(run.root)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        for key in a[name]:
+            assert (a[name][key] == b[name][key]).all(), (name, key)

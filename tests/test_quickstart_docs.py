@@ -39,9 +39,40 @@ def test_the_digest_covers_the_resolved_settings_that_change_the_run(tmp_path):
     base = (ROOT / "configs" / "quickstart.toml").read_text()
     # a default the file does not name, set to another value: another digest
     changed = tmp_path / "c.toml"
-    changed.write_text(base.replace('normalize = "node"', 'normalize = "node"\ngae_horizon = "literal"'))
+    changed.write_text(base.replace('normalize = "node"', 'normalize = "node"\ngae_horizon = "markov"'))
     assert config_digest(changed) != config_digest()
     # bookkeeping and a disabled warm start do not count
     quiet = tmp_path / "l.toml"
     quiet.write_text(base + '\n[log]\ndir = "x"\n\n[sft]\nlr = 0.01\n\n[cluster]\nexecutor = "ray"\n')
     assert config_digest(quiet) == config_digest()
+
+
+def test_the_training_digest_sees_training_tables_and_not_evaluations_or_timings(tmp_path):
+    import shutil
+
+    import polars as pl
+    from quickstart_docs import training_digest
+
+    from schemas.config import Config
+    from schemas.rundir import create_run
+    from stages.loop import run_loop
+    from tests.test_loop import fake_runners
+
+    config = Config()
+    config.run.eval_every = 1
+    run = create_run(tmp_path / "a", config)
+    run_loop(run, config, 2, runners=fake_runners([]), prepare=lambda *_: None)
+    digest = training_digest(run.root)
+    copy = tmp_path / "b"
+    shutil.copytree(run.root, copy)
+
+    def rewrite(name: str, change) -> None:  # the parquet file rewritten with a changed frame
+        path = copy / "iter_0001" / f"{name}.parquet"
+        change(pl.read_parquet(path)).write_parquet(path)
+
+    rewrite("eval", lambda f: f.with_columns(value=pl.col("value") + 1.0))  # another evaluation
+    extra = {"iter": [1], "epoch": [-1], "minibatch": [-1], "name": ["seconds"], "value": [9.0]}
+    rewrite("update", lambda f: pl.concat([f, pl.DataFrame(extra, schema=f.schema)]))  # a timing row
+    assert training_digest(copy) == digest
+    rewrite("advantages", lambda f: f.with_columns(advantage=pl.col("advantage") * 2.0))  # other credit
+    assert training_digest(copy) != digest

@@ -13,7 +13,7 @@ from graft_cli.app import app
 from schemas.config import Config
 from schemas.rundir import create_run
 from stages.loop import run_loop
-from stages.report import load_run_tables, order_task_types, per_type_table, sparkline
+from stages.report import RunTables, load_run_tables, order_task_types, per_type_table, sparkline
 from stages.viz import bfs_depth, group_graph, layered_positions, render_html
 from tests.test_loop import fake_runners
 
@@ -96,10 +96,49 @@ def test_per_type_table_uses_the_last_eval(fake_run: Path) -> None:
     md = per_type_table([tables])
     last = tables.eval.filter(pl.col("x") == tables.eval["x"].max())
     overall = last.filter((pl.col("name") == "success_rate") & pl.col("task_type").is_null())["value"][0]
+    episodes = last.filter((pl.col("name") == "episodes") & pl.col("task_type").is_null())["value"][0]
     header, _, row = md.splitlines()
-    assert header.startswith("| run |") and header.rstrip(" |").endswith("All")
-    assert row.split("|")[-2].strip() == f"{100 * overall:.1f}"
+    assert header.startswith("| run |") and header.rstrip(" |").endswith("All (± s.e.) | Episodes")
+    se = (overall * (1 - overall) / (episodes - 1)) ** 0.5  # s / √n of the episodes' 0/1 successes
+    assert row.split("|")[-3].strip() == f"{100 * overall:.1f} ± {100 * se:.1f}"
+    assert row.split("|")[-2].strip() == f"{episodes:.0f}"
     assert "@ 2 updates" in row  # the eval of iteration 1 = after 2 updates
+
+
+def test_per_type_table_prints_the_standard_error_beside_held_out_success() -> None:
+    from stages.evaluate import eval_rows
+
+    # 8 one-turn episodes on two task types, 3 won: 37.5 % ± √(0.375·0.625/7) = 18.3 points
+    steps = pl.DataFrame(
+        {
+            "traj_id": [f"t{i}" for i in range(8)],
+            "task_type": ["pick_and_place_simple"] * 4 + ["look_at_obj_in_light"] * 4,
+            "step": [0] * 8,
+            "reward": [0.0] * 8,
+            "outcome": [10.0, 10.0, 0.0, 0.0, 10.0, 0.0, 0.0, 0.0],
+        }
+    )
+    evals = eval_rows(steps, 10.0, 9, "ck").with_columns(pl.lit(10).alias("x"))
+    empty = pl.DataFrame(schema={"iter": pl.Int32, "stage": pl.String, "name": pl.String,
+                                 "value": pl.Float64, "task_type": pl.String, "x": pl.Int32})  # fmt: skip
+    header, _, row = per_type_table([RunTables("h", empty, evals, "household")]).splitlines()
+    assert [c.strip() for c in header.split("|")[1:-1]] == ["run", "Pick", "Look", "All (± s.e.)", "Episodes"]
+    assert [c.strip() for c in row.split("|")[1:-1]] == ["h @ 10 updates", "50.0", "25.0", "37.5 ± 18.3", "8"]
+    one = eval_rows(steps.head(1), 10.0, 9, "ck").with_columns(pl.lit(10).alias("x"))
+    _, _, row = per_type_table([RunTables("h", empty, one, "household")]).splitlines()
+    assert row.split("|")[-3].strip() == "100.0"  # one episode: no standard error to print
+
+
+def test_success_summary_gives_held_out_success_with_its_standard_error(fake_run: Path) -> None:
+    from schemas.rundir import open_run
+    from stages.report import success_summary
+
+    evals = load_run_tables(open_run(fake_run)).eval.filter(pl.col("task_type").is_null())
+    success = evals.filter(pl.col("name") == "success_rate").sort("x")["value"].to_list()
+    episodes = evals.filter(pl.col("name") == "episodes").sort("x")["value"].to_list()
+    se = (success[-1] * (1 - success[-1]) / (episodes[-1] - 1)) ** 0.5
+    line = success_summary(open_run(fake_run))  # the fake rollout writes no metrics: held-out only
+    assert line == f"held-out {success[0]:.2f} → {success[-1]:.2f} ± {se:.2f} ({episodes[-1]:.0f} episodes)"
 
 
 def test_report_cli_writes_png_and_markdown(fake_run: Path, tmp_path: Path) -> None:

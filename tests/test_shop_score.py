@@ -74,8 +74,8 @@ def test_partial_purchase_score_is_recorded_and_reported(tmp_path):
                                  "value": pl.Float64, "task_type": pl.String, "x": pl.Int32})  # fmt: skip
     header, _, line = per_type_table([RunTables("shop", empty, evals, "shop")]).splitlines()
     cells = [c.strip() for c in line.split("|")[1:-1]]
-    assert header.split("|")[-3:-1] == [" All ", " Score "]
-    assert cells[-2:] == ["50.0", f"{100 * (expected + 1.0) / 2:.1f}"]
+    assert header.split("|")[-4:-1] == [" All (± s.e.) ", " Score ", " Episodes "]
+    assert cells[-3:] == ["50.0 ± 50.0", f"{100 * (expected + 1.0) / 2:.1f}", "2"]  # s.e. √(0.25 / 1)
     agree = evals.with_columns(
         value=pl.when(pl.col("name") == "mean_score").then(0.5).otherwise(pl.col("value"))
     )

@@ -646,7 +646,7 @@ def graft_credit(
     normalize: str = "node",
     *,
     step_rewards: str = "step",
-    gae_horizon: str = "markov",
+    gae_horizon: str = "literal",
     node_std_floor: float = 0.0,
 ) -> CreditOutput:
     """GRAFT credit for every edge row (arrays aligned with ``edges``).
