@@ -15,7 +15,7 @@ Measures, each timed piece in its own subprocess (so peak RSS is that piece's ow
   5. literal reference (tests/reference_graft.py) vs the vectorized stages on ~20k steps, results
      asserted equal; the speed-up.
   6. similarity canonicalization: MiniLM encoding time vs clustering time on the distinct states.
-Prints a table and writes the "Advantage stages" section of BENCHMARKS.md. Not a test.
+Prints a table and writes the "Advantage stages" section of docs/results/speed.md. Not a test.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import subprocess
 import sys
@@ -302,20 +301,6 @@ def _machine() -> str:
     return f"{model}, {os.cpu_count()} cores, {mem:.0f} GiB, no GPU, Python {platform.python_version()}"
 
 
-def write_section(text: str, path: Path = REPO / "BENCHMARKS.md") -> None:
-    header = "## Advantage stages"
-    if path.is_file():
-        doc = path.read_text()
-    else:
-        doc = f"# graft benchmarks\n\nMachine: {_machine()}; shared with other jobs.\n"
-    pattern = re.compile(rf"^{re.escape(header)}\n.*?(?=^## |\Z)", re.S | re.M)
-    section = f"{header}\n\n{text.strip()}\n\n"
-    doc = pattern.sub(lambda _: section, doc) if pattern.search(doc) else doc.rstrip() + "\n\n" + section
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(doc.rstrip() + "\n")
-    os.replace(tmp, path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -325,7 +310,7 @@ def main() -> None:
     parser.add_argument("--ref-steps", type=int, default=20_000)
     parser.add_argument("--sim-groups", type=int, default=30)
     parser.add_argument("--no-similarity", action="store_true")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/results/ alone")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -500,7 +485,9 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        write_section(text)
+        from section_writer import RESULTS, write_section
+
+        write_section(RESULTS / "speed.md", "Advantage stages", text)
 
 
 if __name__ == "__main__":

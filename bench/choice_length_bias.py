@@ -14,7 +14,7 @@ log-probs (the prompt ends with ``<action>``):
 
 Reported per score: the mean over turns of the Spearman correlation between an action's token count
 and its probability, the probability mass on the longest third of the actions, and the total variation
-distance to ``exact``. Writes the "Choose mode on a real model: length bias" section of BENCHMARKS.md.
+distance to ``exact``. Writes the "Choose mode on a real model: length bias" section of docs/results/real-models.md.
 Not a test.
 """
 
@@ -125,9 +125,9 @@ def main() -> None:
     print(body)
     if not args.no_write:
         sys.path.insert(0, str(ROOT / "bench"))
-        from learning_bench import write_section
+        from section_writer import RESULTS, write_section
 
-        write_section(ROOT / "BENCHMARKS.md", body, "Choose mode on a real model: length bias")
+        write_section(RESULTS / "real-models.md", "Choose mode on a real model: length bias", body)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ against the default (``"step"``, ``"markov"``) on the same ~1M synthetic steps.
 The graph is built once (both readings share it); solve and advantage (graft, Graph GAE, node
 normalization) are timed per reading, interleaved, best of ``--repeats`` (wall and CPU seconds).
 Also reported: how many rows' Graph-GAE tails walk (differ from their TD) under each reading.
-Writes the "Credit readings: v4 vs default on 1M steps" section of BENCHMARKS.md. Not a test.
+Writes the "Credit readings: v4 vs default on 1M steps" section of docs/results/speed.md. Not a test.
 """
 
 from __future__ import annotations
@@ -88,9 +88,9 @@ def main() -> None:
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
-        from learning_bench import write_section
+        from section_writer import RESULTS, write_section
 
-        write_section(REPO / "BENCHMARKS.md", body, "Credit readings: v4 vs default on 1M steps")
+        write_section(RESULTS / "speed.md", "Credit readings: v4 vs default on 1M steps", body)
 
 
 if __name__ == "__main__":

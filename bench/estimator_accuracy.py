@@ -12,28 +12,23 @@ Each number is the mean ± std over seeds; the MDPs of a seed are the same for e
 MDPs from the seed alone), only the number of rollouts per group changes. The same γ is used for the
 truth, the solve and every discounted return.
 
-Run:  python bench/estimator_accuracy.py            (prints the tables, rewrites the BENCHMARKS.md section)
+Run:  python bench/estimator_accuracy.py            (prints the tables, rewrites its section of docs/results/estimator-accuracy.md)
       python bench/estimator_accuracy.py --no-write --seeds 2
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 from scipy.stats import spearmanr
 
 from schemas.config import AdvantageConfig
-from schemas.rundir import atomic_write_text
 from stages.advantage.baselines import unnormalized_credit
 from stages.advantage.registry import CreditInputs, get_estimator
 from stages.graph import build_graph
@@ -41,7 +36,6 @@ from stages.solve import solve_values
 from stages.synth import synth_steps
 
 SECTION = "## Estimator accuracy (Proposition 1)"
-BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 GROUP_SIZES = (4, 8, 16)
 TRAJECTORY_LAMBDAS = (0.5, 0.8, 0.95, 1.0)
 MERGES = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -328,35 +322,6 @@ How "before normalization" was obtained:
   - graphgpo: the centered shaped return. It is not in reward units, so it gets ρ only."""
 
 
-def _machine() -> str:
-    cpu = platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [
-            line.split(":", 1)[1].strip()
-            for line in cpuinfo.read_text().splitlines()
-            if line.startswith("model name")
-        ]
-        cpu = f"{names[0]} ({platform.machine()})" if names else cpu
-    return f"{cpu}, {os.cpu_count()} CPU cores shared with other jobs, no GPU, Python {platform.python_version()}"
-
-
-def write_section(text: str) -> None:
-    """Replace (or append) this bench's section of BENCHMARKS.md, leaving other sections untouched."""
-    if BENCHMARKS.exists():
-        current = BENCHMARKS.read_text()
-    else:
-        current = f"# graft benchmarks\n\nMachine: {_machine()}.\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    block = text.rstrip("\n") + "\n\n"
-    updated = (
-        pattern.sub(lambda _: block, current)
-        if pattern.search(current)
-        else current.rstrip("\n") + "\n\n" + block
-    )
-    atomic_write_text(BENCHMARKS, updated.rstrip("\n") + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
@@ -366,7 +331,7 @@ def main() -> None:
     parser.add_argument("--merge", type=float, default=0.5)
     parser.add_argument("--gamma", type=float, default=1.0)
     parser.add_argument("--merge-n", type=int, default=8, help="group size of the merge sweep")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/results/ alone")
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -382,8 +347,11 @@ def main() -> None:
     text = section(results, by_merge, args, time.perf_counter() - start)
     print(text)
     if not args.no_write:
-        write_section(text)
-        print(f"wrote the section to {BENCHMARKS}")
+        from section_writer import RESULTS, write_section
+
+        target = RESULTS / "estimator-accuracy.md"
+        write_section(target, SECTION.removeprefix("## "), text.split("\n", 1)[1])
+        print(f"wrote the section to {target}")
 
 
 if __name__ == "__main__":

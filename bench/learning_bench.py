@@ -1,11 +1,11 @@
 """Learning benchmark (SPEC §10): one config, several seeds, one run per estimator variant; success
-rate vs iteration written as tables into a section of BENCHMARKS.md.
+rate vs iteration written as tables into a section of a results file (docs/results/, ``--results``).
 
     python bench/learning_bench.py [--config configs/quickstart.toml] [--iters 20] [--seeds 0 1 2]
         [--variants graft grpo gigpo graft-traj] [--out bench_runs/learning] [--section "Learning"]
         [--set key=value ...] [--no-write]
 
-The long-horizon protocol (BENCHMARKS.md, "Learning: long-horizon household"):
+The long-horizon protocol (docs/results/learning-household.md "Learning: long-horizon household"):
 
     python bench/learning_bench.py --config configs/household_long.toml --iters 30 \
         --seeds 0 1 2 3 4 --variants graft graft-nonorm gigpo grpo graft-token \
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -735,21 +734,6 @@ def paired_sections(curves: dict[str, np.ndarray], runs: dict[str, list[Path]], 
     ]
 
 
-def write_section(path: Path, body: str, section_title: str = SECTION) -> None:
-    """Replace (or append) the "## <title>" section of BENCHMARKS.md, leaving other sections alone."""
-    text = path.read_text() if path.is_file() else "# Benchmarks\n"
-    heading = f"## {section_title}"
-    section = f"{heading}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
-        text = text.rstrip() + "\n\n" + section
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text.rstrip() + "\n")
-    tmp.replace(path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "quickstart.toml"))
@@ -764,9 +748,14 @@ def main() -> None:
         default=None,
         help="a variant to pair the others with by seed: per-seed table, paired differences and the rule",
     )
-    parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only, leave docs/results/ alone")
     parser.add_argument("--note", default="", help="Markdown paragraph put at the top of the section")
-    parser.add_argument("--section", default=SECTION, help="BENCHMARKS.md section title (## ...)")
+    parser.add_argument("--section", default=SECTION, help="section title (## ...) in the results file")
+    parser.add_argument(
+        "--results",
+        default=str(ROOT / "docs" / "results" / "learning-quickstart.md"),
+        help="results file the section goes to (docs/results/learning-household.md for household_long)",
+    )
     parser.add_argument(
         "--effects", action="store_true", help="household only: advantage sign vs the step's true effect"
     )
@@ -883,7 +872,9 @@ def main() -> None:
     )
     print(body)
     if not args.no_write:
-        write_section(ROOT / "BENCHMARKS.md", body, args.section)
+        from section_writer import write_section
+
+        write_section(Path(args.results), args.section, body)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Seconds per rollout iteration with the Ray executor, 1 vs 2 actors, on this machine's CPUs
-(BENCHMARKS.md "Ray executor: rollout with 1 vs 2 actors", docs/scaling.md "The Ray executor").
+(docs/results/speed.md "Ray executor: rollout with 1 vs 2 actors", docs/scaling.md "The Ray executor").
 
 One process, one local Ray cluster, the quickstart config (8 groups x 8 rollouts, tiny model, one
 torch thread per actor). Three rollout runners play iteration 0 side by side: the local executor

@@ -6,7 +6,7 @@ float32, with gradient checkpointing, with bf16 master weights, and LoRA (issue:
 The model is SmolLM2-135M-Instruct (``graft init-model --gguf smollm2``, cached in GRAFT_MODEL_CACHE).
 One generate-mode rollout of the household world makes the rows; then each setting runs the update
 stage of that iteration in its own subprocess (so its peak RSS is its own), side by side in one run.
-Writes the "Real model on CPU: update memory" section of BENCHMARKS.md. Not a test.
+Writes the "Real model on CPU: update memory" section of docs/results/real-models.md. Not a test.
 """
 
 from __future__ import annotations
@@ -146,9 +146,9 @@ def main() -> None:
     print(body)
     if not args.no_write:
         sys.path.insert(0, str(ROOT / "bench"))
-        from learning_bench import write_section
+        from section_writer import RESULTS, write_section
 
-        write_section(ROOT / "BENCHMARKS.md", body, "Real model on CPU: update memory")
+        write_section(RESULTS / "real-models.md", "Real model on CPU: update memory", body)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Rollout throughput on CPU with the hf engine and the tiny model (BENCHMARKS.md "Rollout throughput (CPU)").
+"""Rollout throughput on CPU with the hf engine and the tiny model (docs/results/speed.md "Rollout throughput (CPU)").
 
 Measures, in one process and one torch thread:
 

