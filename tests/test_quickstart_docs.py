@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -26,13 +27,33 @@ def test_the_docs_were_made_with_the_config_as_it_resolves_now():
     assert (DOCS / "curves.png").is_file() and "Runs: `runs/quickstart`" in (DOCS / "report.md").read_text()
 
 
-def test_the_readme_quotes_the_recorded_numbers():
+QUOTING = ("README.md", "configs/quickstart.toml", "docs/loop.md")  # files that quote the quickstart's run
+
+
+def _pairs(text: str) -> set[tuple[str, str]]:
+    """Every "a → b" / "a -> b" pair of two-decimal numbers (how the quickstart's results are quoted)."""
+    return set(re.findall(r"\b(\d\.\d\d) ?(?:→|->) ?(?:\n\s*)?(\d\.\d\d)\b", text))
+
+
+def test_every_quoted_number_is_the_recorded_one():
+    """Each file that quotes the quickstart quotes the provenance's numbers, and no other "a → b" pair:
+    a rerun that changes them fails here until the quotes follow."""
     p = _provenance()
+    train = (f"{p['training_success_first']:.2f}", f"{p['training_success_last']:.2f}")
+    held_out = (f"{p['eval_success_initial']:.2f}", f"{p['eval_success_last']:.2f}")
+    se = f"{p['eval_success_last_se']:.2f}"
+    for name in QUOTING:
+        text = (ROOT / name).read_text()
+        assert _pairs(text) <= {train, held_out}, (name, _pairs(text) - {train, held_out})
+        assert train in _pairs(text) and held_out in _pairs(text), name
+        assert f"{held_out[1]} ± {se}" in text or f"{held_out[1]} +- {se}" in text, name
     readme = (ROOT / "README.md").read_text()
-    first, last = p["training_success_first"], p["training_success_last"]
-    assert f"training success {first:.2f} → {last:.2f}" in readme
-    assert f"goes from {first:.2f} to {last:.2f}" in readme
-    assert f"from {p['eval_success_initial']:.2f} to {p['eval_success_last']:.2f}" in readme
+    assert f"goes from {train[0]} to {train[1]} (best {p['training_success_best']:.2f})" in readme
+    assert f"from {held_out[0]} to {held_out[1]} ± {se} ({p['eval_episodes']} episodes)" in readme
+
+
+def test_the_pair_finder_sees_both_arrows():
+    assert _pairs("a 0.22 → 0.62 b 0.20 -> 0.58 +- 0.06") == {("0.22", "0.62"), ("0.20", "0.58")}
 
 
 def test_the_digest_covers_the_resolved_settings_that_change_the_run(tmp_path):
