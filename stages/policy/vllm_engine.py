@@ -80,6 +80,9 @@ _TORCH_DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "
 
 def _import_vllm() -> Any:
     protect_child_processes()  # before vLLM starts its engine processes
+    # vLLM logs each request batch and each reloaded layer at INFO/WARNING; its processes read this
+    # when they start (a user's own setting wins)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
         import vllm
     except ImportError:
@@ -255,7 +258,6 @@ class VLLMEngine:
 
     def _start(self, weights_dir: Path) -> None:
         self._close_llm()
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines are per request batch
         if self.on_cpu:
             os.environ.setdefault(
                 "VLLM_CPU_KVCACHE_SPACE",
