@@ -33,9 +33,10 @@ import polars as pl
 from schemas import conform, read_table, validate_steps, write_table
 from schemas.config import AdvantageConfig, Config
 from schemas.errors import GraftError
+from schemas.metrics import metrics_frame
 from schemas.rundir import Run
 from stages.advantage.compute import compute_advantages
-from stages.diagnostics import diagnostics_frame, graph_metrics, metrics_frame, solve_metrics
+from stages.diagnostics import diagnostics_frame, graph_metrics, solve_metrics
 from stages.graph import Embedder, build_graph
 from stages.solve import GraphIndex, index_graph, solve_values
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from schemas.metrics import metrics_frame
 from stages.solve import GraphIndex, gather_ranges, index_graph
 
 _GRAPH_NAMES = (
@@ -194,21 +195,6 @@ def _by_type(
         return frame.with_columns(t=pair_type[ptr[g]])
     rows = np.repeat(np.arange(g.size), count)
     return frame[rows].with_columns(t=pair_type[gather_ranges(ptr, g)])
-
-
-def metrics_frame(
-    iteration: int, stage: str, metrics: dict[str, float], task_type: str | None = None
-) -> pl.DataFrame:
-    """Rows of the ``metrics`` table (iter, stage, name, value, task_type) for one stage."""
-    return pl.DataFrame(
-        {
-            "iter": pl.Series([iteration] * len(metrics), dtype=pl.Int32),
-            "stage": pl.Series([stage] * len(metrics), dtype=pl.String),
-            "name": pl.Series(list(metrics), dtype=pl.String),
-            "value": pl.Series([float(v) for v in metrics.values()], dtype=pl.Float64),
-            "task_type": pl.Series([task_type] * len(metrics), dtype=pl.String),
-        }
-    )
 
 
 def _per_type(

@@ -44,6 +44,7 @@ from schemas.manifest import (
     record_file,
     verify_finished,
 )
+from schemas.metrics import metrics_frame
 from schemas.rundir import DERIVED_FILES, STAGE_OUTPUTS, STAGES, Run, atomic_write_text, run_lock
 from stages.cluster import check_executor
 from stages.credit import run_advantage, run_graph, run_solve
@@ -92,17 +93,8 @@ def eval_due(iteration: int, last: int, eval_every: int) -> bool:
 
 def loop_metrics(iteration: int, seconds: dict[str, float]) -> pl.DataFrame:
     """The ``metrics`` rows of the loop itself: ``seconds_<stage>`` and ``seconds_iteration``."""
-    names = [f"seconds_{s}" for s in seconds] + ["seconds_iteration"]
-    values = [float(v) for v in seconds.values()] + [float(sum(seconds.values()))]
-    return pl.DataFrame(
-        {
-            "iter": pl.Series([iteration] * len(names), dtype=pl.Int32),
-            "stage": ["loop"] * len(names),
-            "name": names,
-            "value": values,
-            "task_type": pl.Series([None] * len(names), dtype=pl.String),
-        }
-    )
+    rows = {f"seconds_{s}": float(v) for s, v in seconds.items()}
+    return metrics_frame(iteration, "loop", {**rows, "seconds_iteration": float(sum(seconds.values()))})
 
 
 @dataclass

@@ -81,7 +81,7 @@ def test_the_warm_starts_tables_are_views_too(tmp_path):
     import polars as pl
 
     from schemas import write_table
-    from stages.diagnostics import metrics_frame
+    from schemas.metrics import metrics_frame
 
     root = _run(tmp_path)
     demos = synth_steps(groups=2, group_size=2, horizon=3, seed=5)

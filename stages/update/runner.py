@@ -33,6 +33,7 @@ import torch
 from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.metrics import metrics_frame
 from schemas.rundir import Run
 from stages.policy.adapters import is_adapter_dir, merged_model
 from stages.policy.sampling import derive_rng
@@ -419,22 +420,7 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
                 **moved,
             },
         )
-        metrics = pl.DataFrame(
-            {
-                "iter": [iteration] * len(summary),
-                "stage": ["update"] * len(summary),
-                "name": list(summary),
-                "value": [float(v) for v in summary.values()],
-                "task_type": [None] * len(summary),
-            },
-            schema={
-                "iter": pl.Int32,
-                "stage": pl.Utf8,
-                "name": pl.Utf8,
-                "value": pl.Float64,
-                "task_type": pl.Utf8,
-            },
-        )
+        metrics = metrics_frame(iteration, "update", summary)
         write_table(metrics, "metrics", run.iter_dir(iteration) / "metrics_update.parquet")
         write_table(update_table(iteration, result, summary), "update", run.table_path(iteration, "update"))
         marker = {
