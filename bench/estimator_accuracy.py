@@ -32,8 +32,8 @@ import numpy as np
 import polars as pl
 from scipy.stats import spearmanr
 
+from schemas.atomic import atomic_write_text
 from schemas.config import AdvantageConfig
-from schemas.rundir import atomic_write_text
 from stages.advantage.baselines import unnormalized_credit
 from stages.advantage.registry import CreditInputs, get_estimator
 from stages.graph import build_graph

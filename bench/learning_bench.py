@@ -107,7 +107,7 @@ def share_warm_start(run_dir: Path, donors: list[Path]) -> None:
     """Copy a finished warm start (``model/``, ``sft/``) of a run of the same seed into ``run_dir``."""
     import shutil
 
-    from schemas.rundir import checkpoint_complete
+    from schemas.integrity import checkpoint_complete
 
     if (run_dir / "sft").exists():
         return
@@ -810,7 +810,7 @@ def main() -> None:
         )
         ready = set()
         if args.warm_from:  # seeds whose warm start is already there need no first run to make it
-            from schemas.rundir import checkpoint_complete
+            from schemas.integrity import checkpoint_complete
 
             ready = {
                 s

@@ -32,8 +32,9 @@ import polars as pl
 
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.integrity import checkpoint_complete
 from schemas.manifest import verify_checkpoint_read, write_recorded_table
-from schemas.rundir import Run, checkpoint_complete
+from schemas.rundir import Run
 
 EVAL_METRICS = ("success_rate", "mean_return", "mean_turns", "mean_score", "invalid_rate", "episodes")
 EVAL_PURPOSE = 0xE7A1  # the eval stream of SeedSequence((run.seed, iteration + 1, purpose))

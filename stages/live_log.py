@@ -32,9 +32,10 @@ from typing import Any
 import polars as pl
 
 from schemas import read_table
+from schemas.atomic import atomic_write_text
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import Run, atomic_write_text
+from schemas.rundir import Run
 
 LEDGER = "logged_iterations.json"  # the iterations whose scalars are in this directory's event files
 

@@ -34,9 +34,12 @@ from pathlib import Path
 import polars as pl
 
 from schemas import read_table
+from schemas.atomic import atomic_write_text
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.lock import run_lock
 from schemas.manifest import (
+    acting_checkpoint,
     cross_check,
     ensure_run_manifest,
     finish_iteration,
@@ -45,7 +48,7 @@ from schemas.manifest import (
     verify_finished,
 )
 from schemas.metrics import metrics_frame
-from schemas.rundir import DERIVED_FILES, STAGE_OUTPUTS, STAGES, Run, atomic_write_text, run_lock
+from schemas.rundir import DERIVED_FILES, STAGE_OUTPUTS, STAGES, Run
 from stages.cluster import check_executor
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
@@ -189,7 +192,7 @@ def check_resumable(run: Run, iters: int) -> None:
     verify_finished(run)
     pending = [i for i in range(iters) if not iteration_finished(run, i)]
     if pending and pending[0] > 0 and iteration_finished(run, pending[0] - 1):
-        run.acting_checkpoint(pending[0], "rollout")
+        acting_checkpoint(run, pending[0], "rollout")
 
 
 def run_loop(

@@ -333,7 +333,7 @@ def write_report(run_paths: list[str | Path], out: str | Path | None = None) -> 
     folder = Path(out) if out is not None else runs[0].root / "report"
     png = plot_curves(tables, folder / "curves.png")
     update_png = plot_update(tables, folder / "update.png")
-    from schemas.rundir import atomic_write_text
+    from schemas.atomic import atomic_write_text
 
     sections = [
         "# graft report",

@@ -35,8 +35,9 @@ import torch
 from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.integrity import checkpoint_complete
 from schemas.metrics import metrics_frame
-from schemas.rundir import Run, checkpoint_complete
+from schemas.rundir import Run
 from stages.demos import demo_summary, split_demos, split_tasks
 from stages.policy.sampling import derive_rng
 from stages.progress import terminal_progress

@@ -17,9 +17,10 @@ import networkx as nx
 import numpy as np
 import polars as pl
 
+from schemas.atomic import atomic_write_text
 from schemas.errors import GraftError
 from schemas.manifest import verify_finished
-from schemas.rundir import Run, atomic_write_text
+from schemas.rundir import Run
 
 MAX_TEXT = 400  # characters of state text kept in a hover title
 

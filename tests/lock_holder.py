@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-# written independently of schemas.rundir.run_lock: a plain flock on <run>/.lock in a child process
+# written independently of schemas.lock.run_lock: a plain flock on <run>/.lock in a child process
 _HOLDER = """
 import fcntl, sys
 fh = open(sys.argv[1], "a")

@@ -13,18 +13,12 @@ from typer.testing import CliRunner
 
 from graft_cli.app import app
 from schemas import read_table, write_table
+from schemas.atomic import atomic_dir, commit_dir
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.integrity import CHECKPOINT_MARKER, checkpoint_damage, file_digests, verify_checkpoint
 from schemas.io import verify_table
-from schemas.rundir import (
-    CHECKPOINT_MARKER,
-    atomic_dir,
-    checkpoint_damage,
-    commit_dir,
-    create_run,
-    file_digests,
-    verify_checkpoint,
-)
+from schemas.rundir import create_run
 from stages.loop import run_loop
 from stages.synth import synth_steps
 from tests.test_loop import fake_runners

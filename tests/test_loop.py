@@ -17,9 +17,11 @@ from typer.testing import CliRunner
 
 from graft_cli.app import app
 from schemas import read_table, write_table
+from schemas.atomic import atomic_dir, commit_dir
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
-from schemas.rundir import CHECKPOINT_MARKER, STAGES, Run, atomic_dir, commit_dir, create_run
+from schemas.integrity import CHECKPOINT_MARKER
+from schemas.rundir import STAGES, Run, create_run
 from stages.evaluate import episode_table, eval_rows, output_path, success_standard_error, summary_rows
 from stages.loop import eval_due, run_loop
 from stages.synth import synth_steps

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from schemas.config import LoraConfig, UpdateConfig
 from schemas.errors import GraftError
-from schemas.rundir import CHECKPOINT_MARKER
+from schemas.integrity import CHECKPOINT_MARKER
 from tests.test_update_trainer import (
     ACTIONS,
     TEXTS,
@@ -395,7 +395,7 @@ def test_changed_target_modules_cannot_silently_continue_the_adapters(tmp_path):
 
 def _rewrite_adapter_base(checkpoint: Path, base: str) -> None:
     """What a hand edit (or another tool) would do: a new base, and a marker whose checksums agree."""
-    from schemas.rundir import MARKER_FILES_KEY, file_digests
+    from schemas.integrity import MARKER_FILES_KEY, file_digests
 
     config_path = checkpoint / "adapter_config.json"
     config = json.loads(config_path.read_text())

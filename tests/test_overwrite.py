@@ -261,7 +261,7 @@ def test_force_checks_the_input_tables_against_each_other_without_a_manifest(
 
 @pytest.mark.slow
 def test_force_says_when_the_optimizer_state_to_restore_was_dropped(tmp_path_factory, tmp_path: Path) -> None:
-    from schemas.rundir import TRAINER_STATE_DIR, forget_checkpoint_files
+    from schemas.integrity import TRAINER_STATE_DIR, forget_checkpoint_files
     from tests.test_loop import micro_run
 
     copy = tmp_path / "copy"

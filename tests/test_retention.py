@@ -143,7 +143,7 @@ def _runners_with_checksummed_state() -> dict:
     """Like the real update: optimizer state inside the checkpoint, listed in the marker's checksums."""
     import json
 
-    from schemas.rundir import CHECKPOINT_MARKER, MARKER_FILES_KEY, file_digests
+    from schemas.integrity import CHECKPOINT_MARKER, MARKER_FILES_KEY, file_digests
 
     runners = _runners_with_optimizer_state()
     update = runners["update"]
@@ -171,7 +171,7 @@ def _pruned_run(tmp_path: Path, iters: int) -> Run:
 def test_pruned_optimizer_state_leaves_every_kept_checkpoint_intact(tmp_path: Path) -> None:
     # issue 28 item 1: pruning removed trainer_state/ while the kept checkpoints' markers still listed
     # it, so evaluating or resuming from them failed as "missing from the checkpoint"
-    from schemas.rundir import checkpoint_damage, verify_checkpoint
+    from schemas.integrity import checkpoint_damage, verify_checkpoint
 
     run = _pruned_run(tmp_path, 4)
     assert run.checkpoint_iterations() == [1, 3]
@@ -184,7 +184,7 @@ def test_pruned_optimizer_state_leaves_every_kept_checkpoint_intact(tmp_path: Pa
 def test_a_marker_whose_files_is_not_a_table_is_one_line(tmp_path: Path) -> None:
     import json
 
-    from schemas.rundir import CHECKPOINT_MARKER, checkpoint_damage
+    from schemas.integrity import CHECKPOINT_MARKER, checkpoint_damage
 
     (tmp_path / CHECKPOINT_MARKER).write_text(json.dumps({"files": ["model.safetensors"]}))
     assert "'files' is not a table" in checkpoint_damage(tmp_path)

@@ -19,7 +19,8 @@ from graft_cli.app import app
 from schemas import conform, read_table, validate_steps
 from schemas.config import Config, config_from_dict
 from schemas.errors import GraftError
-from schemas.rundir import CHECKPOINT_MARKER, create_run
+from schemas.integrity import CHECKPOINT_MARKER
+from schemas.rundir import create_run
 from stages.envs import registry
 from stages.policy.engine import EngineOptions, make_engine
 from stages.policy.tiny import TinySpec, build_tiny_model

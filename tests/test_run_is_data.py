@@ -9,7 +9,8 @@ import pytest
 
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import create_run, open_run, trust_saved_runs
+from schemas.rundir import create_run, open_run
+from schemas.trust import trust_saved_runs
 
 
 def _run_with(tmp_path: Path, **settings) -> Path:  # type: ignore[no-untyped-def]

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from graft_cli.app import app
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.rundir import create_run, run_lock
+from schemas.lock import run_lock
+from schemas.rundir import create_run
 from stages.loop import run_loop
 from tests.lock_holder import lock_held_elsewhere, tree
 from tests.test_loop import fake_runners

@@ -6,17 +6,12 @@ import json
 
 import pytest
 
+from schemas.atomic import atomic_dir, atomic_write_text, commit_dir
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
-from schemas.rundir import (
-    CHECKPOINT_MARKER,
-    Run,
-    atomic_dir,
-    atomic_write_text,
-    commit_dir,
-    create_run,
-    open_run,
-)
+from schemas.integrity import CHECKPOINT_MARKER
+from schemas.manifest import acting_checkpoint
+from schemas.rundir import Run, create_run, open_run
 
 
 def test_create_saves_the_resolved_config_and_reopens(tmp_path):
@@ -91,17 +86,17 @@ def test_update_is_complete_only_with_a_marked_checkpoint(new_run: Run):
 
 
 def test_iteration_i_acts_with_checkpoint_i_minus_1_and_never_an_older_one(new_run: Run):
-    assert new_run.acting_checkpoint(0, "rollout") is None  # the initial model
+    assert acting_checkpoint(new_run, 0, "rollout") is None  # the initial model
     with pytest.raises(GraftError, match=r"rollout of iteration 1: .*iter_0000 is not a complete checkpoint"):
-        new_run.acting_checkpoint(1, "rollout")
+        acting_checkpoint(new_run, 1, "rollout")
     for it in (0, 1):
         tmp = atomic_dir(new_run.checkpoint_dir(it))
         (tmp / CHECKPOINT_MARKER).write_text("{}")
         commit_dir(tmp, new_run.checkpoint_dir(it))
-    assert new_run.acting_checkpoint(2, "update") == new_run.checkpoint_dir(1)
+    assert acting_checkpoint(new_run, 2, "update") == new_run.checkpoint_dir(1)
     # checkpoint 2 was never written: iteration 3 must not fall back to checkpoint 1
     with pytest.raises(GraftError, match=r"update of iteration 3: .*iter_0002"):
-        new_run.acting_checkpoint(3, "update")
+        acting_checkpoint(new_run, 3, "update")
 
 
 def test_atomic_write_text_replaces_whole_files(tmp_path):
@@ -117,7 +112,7 @@ def test_finished_outputs_get_umask_permissions_not_mkstemp_ones(tmp_path, small
     import stat
 
     from schemas import write_table
-    from schemas.rundir import atomic_dir
+    from schemas.atomic import atomic_dir
 
     old = os.umask(0o022)
     try:
@@ -137,7 +132,7 @@ def test_committed_directories_are_readable_like_other_outputs(tmp_path):
     import stat
     import tempfile
 
-    from schemas.rundir import atomic_dir, commit_dir
+    from schemas.atomic import atomic_dir, commit_dir
 
     umask = os.umask(0o022)
     try:

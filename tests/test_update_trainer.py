@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from schemas import write_table
 from schemas.config import Config, UpdateConfig
 from schemas.errors import GraftError
-from schemas.rundir import CHECKPOINT_MARKER, Run, checkpoint_complete, create_run
+from schemas.integrity import CHECKPOINT_MARKER, checkpoint_complete
+from schemas.rundir import Run, create_run
 from tests.tiny_qwen import tiny_qwen2
 
 torch.set_num_threads(1)
@@ -414,9 +415,9 @@ def test_checkpoint_marker_is_written_last_and_a_crash_leaves_nothing(tmp_path, 
     def boom(tmp, dest):
         raise RuntimeError("killed before commit")
 
-    import schemas.rundir
+    import schemas.atomic
 
-    monkeypatch.setattr(schemas.rundir, "commit_dir", boom)  # filled_dir commits through it
+    monkeypatch.setattr(schemas.atomic, "commit_dir", boom)  # filled_dir commits through it
     with pytest.raises(RuntimeError):
         ckpt.save_checkpoint(crashed, tiny_qwen2(), None, {"iteration": 2})
     assert not crashed.exists()

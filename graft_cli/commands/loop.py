@@ -55,7 +55,9 @@ def resolve_loop_run(
 
 def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) -> tuple[Run, Config, int]:
     """``resolve_loop_run`` after ``loop_root``: take the lock, then create or check the run."""
-    from schemas.rundir import atomic_write_text, create_run, run_lock
+    from schemas.atomic import atomic_write_text
+    from schemas.lock import run_lock
+    from schemas.rundir import create_run
 
     target = iters if iters is not None else config.run.iters
     if target < 0:
@@ -93,7 +95,7 @@ def resolve_eval_target(
     ``iter_I/eval.parquet``; ``initial``: the initial policy -> ``<run>/eval.parquet`` (iter -1);
     another directory: that model -> ``<run>/eval_<dirname>.parquet`` (iter -1).
     """
-    from schemas.rundir import checkpoint_complete, verify_checkpoint
+    from schemas.integrity import checkpoint_complete, verify_checkpoint
     from stages.evaluate import output_path, policy_dir
 
     if iteration is not None and iteration < -1:
@@ -218,7 +220,7 @@ def register(app: typer.Typer) -> None:
         """Run rollout → graph → solve → advantage → update per iteration; resumes where it stopped."""
         from rich.console import Console
 
-        from schemas.rundir import run_lock
+        from schemas.lock import run_lock
         from stages.loop import run_loop
 
         console = Console(stderr=False)
@@ -305,8 +307,9 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Replace an existing evaluation of it."),
     ) -> None:
         """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
+        from schemas.lock import run_lock
         from schemas.manifest import verify_finished, write_recorded_table
-        from schemas.rundir import open_run, run_lock
+        from schemas.rundir import open_run
         from stages.evaluate import evaluate_model
 
         run = open_run(run_dir)

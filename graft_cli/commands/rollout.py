@@ -109,8 +109,9 @@ def rollout(
     from graft_cli.commands.confirm import removal_confirmer
     from schemas import write_table
     from schemas.config import load_config
+    from schemas.lock import run_lock
     from schemas.recompute import guard_recompute, removed_summary
-    from schemas.rundir import Run, open_run, run_lock
+    from schemas.rundir import Run, open_run
     from stages.rollout import parse_shard, rollout_iteration, run_rollout
 
     run_dir = run_arg or run_opt

@@ -38,8 +38,9 @@ def register(app: typer.Typer) -> None:
 
         from graft_cli.commands.confirm import removal_confirmer
         from schemas.errors import GraftError
+        from schemas.lock import run_lock
         from schemas.recompute import guard_recompute, removed_summary
-        from schemas.rundir import open_run, run_lock
+        from schemas.rundir import open_run
         from stages.update import run_update
 
         if iteration < 0:

@@ -83,7 +83,8 @@ def sft(
 
     from schemas import read_table
     from schemas.errors import GraftError
-    from schemas.rundir import open_run, run_lock
+    from schemas.lock import run_lock
+    from schemas.rundir import open_run
     from stages.loop import remove_stale_temporaries
     from stages.rollout import ensure_initial_model
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from schemas.atomic import filled_dir
 from schemas.errors import GraftError
-from schemas.rundir import filled_dir
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

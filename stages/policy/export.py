@@ -12,8 +12,9 @@ from pathlib import Path
 
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.integrity import checkpoint_complete
 from schemas.manifest import verify_checkpoint_read
-from schemas.rundir import Run, checkpoint_complete, open_run
+from schemas.rundir import Run, open_run
 from stages.policy.adapters import ADAPTER_CONFIG, BASE_KEY, adapter_base, export_merged, is_adapter_dir
 
 

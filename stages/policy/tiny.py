@@ -25,9 +25,9 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from schemas.atomic import filled_dir
 from schemas.config import DEFAULT_TINY_VOCAB_TASKS
 from schemas.errors import GraftError
-from schemas.rundir import filled_dir
 from stages.envs.base import Environment, Episode, environment_tasks
 from stages.envs.prompts import episode_prompt
 from stages.policy.tokenizer import build_word_tokenizer, portable_tokenizer_files

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.manifest import acting_checkpoint
 from schemas.rundir import Run
 from stages.envs.base import Environment, Task, environment_tasks
 from stages.policy.engine import EngineOptions, PolicyEngine
@@ -143,7 +144,7 @@ def build_tiny_for_config(out: Path, config: Config) -> Path:
 def policy_for_iteration(run: Run, iteration: int, config: Config) -> tuple[Path, str]:
     """(model directory, policy_version) acting in ``iteration``: the checkpoint of iteration - 1 (an error
     when it is missing), or the initial model in iteration 0."""
-    checkpoint = run.acting_checkpoint(iteration, "rollout")
+    checkpoint = acting_checkpoint(run, iteration, "rollout")
     if checkpoint is not None:
         return checkpoint, checkpoint.name
     return ensure_initial_model(run, config), INITIAL_VERSION

@@ -23,8 +23,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from schemas.atomic import remove_outputs
 from schemas.config import CheckpointConfig
-from schemas.rundir import Run, checkpoint_complete, forget_checkpoint_files, remove_outputs
+from schemas.integrity import checkpoint_complete, forget_checkpoint_files
+from schemas.rundir import Run
 from stages.policy.adapters import adapter_base, is_adapter_dir
 from stages.update.checkpoint import TRAINER_STATE_DIR
 

@@ -33,6 +33,7 @@ import torch
 from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.manifest import acting_checkpoint
 from schemas.metrics import metrics_frame
 from schemas.rundir import Run
 from stages.policy.adapters import is_adapter_dir, merged_model
@@ -71,7 +72,7 @@ def reference_dir(run: Run, config: Config) -> Path:
 def policy_dir(run: Run, iteration: int, config: Config) -> Path:
     """The policy to train: the checkpoint of iteration - 1 (an error when it is missing), or the initial
     model in iteration 0."""
-    previous = run.acting_checkpoint(iteration, "update")
+    previous = acting_checkpoint(run, iteration, "update")
     return previous if previous is not None else reference_dir(run, config)
 
 
