@@ -164,14 +164,15 @@ def evaluate_model(
     import torch
 
     from stages.envs.base import environment_tasks
-    from stages.rollout import collect_episodes, make_engine, make_environment
+    from stages.policy.live_engine import live_engine
+    from stages.rollout import collect_episodes, make_environment
 
     torch.set_num_threads(max(1, config.run.torch_threads))
     env = make_environment(config)
     tasks = environment_tasks(env, "eval", config.env.eval_tasks, config.run.seed)
     if not tasks:
         raise GraftError(f"environment '{config.env.name}' returned no eval tasks")
-    engine = make_engine(config, model_dir, checkpoint_name)
+    engine = live_engine(config, model_dir, checkpoint_name)
     steps = collect_episodes(
         engine,
         env,

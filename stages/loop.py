@@ -53,13 +53,8 @@ from stages.cluster import check_executor
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.evaluate import episode_table, run_eval, summary_rows
 from stages.live_log import TensorBoardLogger, open_logger
-from stages.rollout import (
-    engine_released_for_update,
-    ensure_initial_model,
-    make_environment,
-    release_engines,
-    run_rollout,
-)
+from stages.policy.live_engine import engine_released_for_update, release_engines
+from stages.rollout import ensure_initial_model, make_environment, run_rollout
 from stages.update.launch import loop_update
 from stages.update.retention import prune_checkpoints
 

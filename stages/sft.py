@@ -364,7 +364,7 @@ def _dagger_play(
     episodes of the demos' task set and the expert relabels them. Returns the relabelled turns and the
     round's metrics (success and invalid rate of the clone's own play)."""
     from stages.dagger import dagger_round
-    from stages.rollout.from_config import make_engine
+    from stages.policy.live_engine import live_engine
     from stages.update.checkpoint import save_checkpoint
 
     sft = config.sft
@@ -373,7 +373,7 @@ def _dagger_play(
         round_dir / "model", model, tokenizer, {"stage": "sft", "dagger_round": round_index}
     )
     played, relabelled = dagger_round(
-        make_engine(config, clone, f"dagger-r{round_index}"),
+        live_engine(config, clone, f"dagger-r{round_index}"),
         env,
         split_tasks(env, config, sft.split, sft.tasks),
         sft.dagger_episodes,

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from stages.policy.choice import choice_distribution, score_choices_batch
-from stages.policy.engine import EngineOptions, make_engine
+from stages.policy.engine import EngineOptions
+from stages.policy.live_engine import build_engine
 from stages.policy.sampling import choice_log_probs, derive_rng, sample_index
 from stages.policy.tiny import TinySpec, build_tiny_model
 from tests.rollout_fakes import CorridorEnv, corridor_prompt
@@ -31,7 +32,7 @@ def engine(tmp_path_factory):
         tasks_per_split=8,
         prompt_fn=corridor_prompt,
     )
-    return make_engine("hf", Path(path), "initial", EngineOptions())
+    return build_engine("hf", Path(path), "initial", EngineOptions())
 
 
 def _reference_logprobs(

@@ -22,7 +22,8 @@ from schemas.errors import GraftError
 from schemas.integrity import CHECKPOINT_MARKER
 from schemas.rundir import create_run
 from stages.envs import registry
-from stages.policy.engine import EngineOptions, make_engine
+from stages.policy.engine import EngineOptions
+from stages.policy.live_engine import build_engine
 from stages.policy.tiny import TinySpec, build_tiny_model
 from stages.rollout import collect_episodes, merge_rollout_shards, run_rollout
 from tests.rollout_fakes import CorridorEnv, ScriptedEngine, corridor_prompt
@@ -42,7 +43,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    return make_engine("hf", model_dir, "initial", EngineOptions())
+    return build_engine("hf", model_dir, "initial", EngineOptions())
 
 
 @pytest.fixture
@@ -112,7 +113,7 @@ def test_choose_mode_rows_follow_the_shared_convention(engine) -> None:
 
 def test_same_seed_same_table_and_other_seed_differs(model_dir, engine) -> None:
     first = _collect(engine, seed=7, tasks=4, group_size=2)
-    fresh_engine = make_engine("hf", model_dir, "initial", EngineOptions())
+    fresh_engine = build_engine("hf", model_dir, "initial", EngineOptions())
     assert _collect(fresh_engine, seed=7, tasks=4, group_size=2).equals(first)
     # another batching changes float rounding only: same decisions (per-episode random streams)
     rebatched = _collect(fresh_engine, seed=7, tasks=4, group_size=2, batch_size=5)
@@ -450,7 +451,7 @@ def test_a_task_that_cannot_reset_is_counted_and_skipped(engine) -> None:
 
 
 def test_chat_models_get_the_chat_template(model_dir) -> None:
-    chat_engine = make_engine("hf", model_dir, "initial", EngineOptions(prompt_format="chat"))
+    chat_engine = build_engine("hf", model_dir, "initial", EngineOptions(prompt_format="chat"))
     steps = _collect(chat_engine, tasks=1, group_size=1, max_env_errors=0)
     tok = chat_engine.tokenizer
     for row in steps.iter_rows(named=True):

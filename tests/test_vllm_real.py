@@ -298,7 +298,7 @@ def test_the_quickstart_loop_runs_on_one_vllm_engine(tmp_path, counted_engines, 
     from typer.testing import CliRunner
 
     from graft_cli.app import app
-    from stages.rollout.from_config import release_engines
+    from stages.policy.live_engine import release_engines
 
     run = tmp_path / "run"
     settings = [
@@ -346,9 +346,10 @@ def test_a_chat_models_turns_are_scored_as_vllm_played_them() -> None:
     from schemas.config import load_config
     from schemas.errors import GraftError
     from stages.policy.gguf_import import cached_gguf_model, default_cache
+    from stages.policy.live_engine import engine_options
     from stages.policy.vllm_engine import VLLMEngine
     from stages.rollout import collect_episodes
-    from stages.rollout.from_config import engine_options, iteration_groups, make_environment
+    from stages.rollout.from_config import iteration_groups, make_environment
 
     try:
         smollm2 = cached_gguf_model("smollm2", default_cache())

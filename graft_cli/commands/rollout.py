@@ -181,7 +181,8 @@ def rollout(
         raise GraftError("rollout: give a RUN directory, or --config X.toml with --out DIR")
     config = load_config(config_path, overrides)
     scratch = Run(out)  # only for the tiny model location: DIR/model
-    from stages.rollout import INITIAL_VERSION, ensure_initial_model
+    from stages.policy.engine import INITIAL_VERSION
+    from stages.rollout import ensure_initial_model
 
     model_dir = ensure_initial_model(scratch, config)
     steps, metrics = rollout_iteration(

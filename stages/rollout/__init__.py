@@ -29,23 +29,18 @@ step), so neither mode depends on batching or sharding. On CPU the same seed giv
 Runner: ``run_rollout(run, iteration, config, shard=None)``; see ``run_rollout`` for the outputs and
 ``merge_rollout_shards`` for multi-worker rollouts.
 
-Modules: ``collect`` (lockstep episode collection), ``from_config`` (engine, environment, initial
-model and the iteration's tasks from the config), ``metrics`` (the stage's metrics rows), ``runner``
+Modules: ``collect`` (lockstep episode collection), ``from_config`` (environment, initial model and
+the iteration's tasks from the config), ``metrics`` (the stage's metrics rows), ``runner``
 (the stage runner), ``shards`` (multi-worker shard files and their merge).
 """
 
 from stages.rollout.collect import CHOOSE_PREFIX, ProgressHook, collect_episodes
 from stages.rollout.from_config import (
-    INITIAL_VERSION,
     build_tiny_for_config,
-    engine_options,
-    engine_released_for_update,
     ensure_initial_model,
     iteration_groups,
-    make_engine,
     make_environment,
     policy_for_iteration,
-    release_engines,
 )
 from stages.rollout.metrics import rollout_metrics
 from stages.rollout.runner import collect_groups, rollout_iteration, run_rollout
@@ -53,17 +48,12 @@ from stages.rollout.shards import merge_rollout_shards, parse_shard, shard_name
 
 __all__ = [
     "CHOOSE_PREFIX",
-    "INITIAL_VERSION",
     "ProgressHook",
     "build_tiny_for_config",
     "collect_episodes",
     "collect_groups",
-    "engine_options",
     "ensure_initial_model",
     "iteration_groups",
-    "make_engine",
-    "release_engines",
-    "engine_released_for_update",
     "make_environment",
     "merge_rollout_shards",
     "parse_shard",

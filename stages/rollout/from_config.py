@@ -10,77 +10,8 @@ from schemas.errors import GraftError
 from schemas.manifest import acting_checkpoint
 from schemas.rundir import Run
 from stages.envs.base import Environment, Task, environment_tasks
-from stages.policy.engine import EngineOptions, PolicyEngine
+from stages.policy.engine import INITIAL_VERSION
 from stages.policy.sampling import derive_rng
-
-INITIAL_VERSION = "initial"  # policy_version of the initial (reference) model
-
-
-def engine_options(config: Config) -> EngineOptions:
-    """Engine settings from the config."""
-    extra = dict(config.rollout.engine_options)
-    if config.rollout.engine == "vllm":  # the longest request a rollout sends: the KV cache it needs
-        extra.setdefault("max_model_len", config.rollout.max_prompt_tokens + config.rollout.max_new_tokens)
-    return EngineOptions(
-        device=config.run.device,
-        dtype=config.model.dtype,
-        trust_remote_code=config.model.trust_remote_code,
-        prompt_format=config.model.prompt_format,
-        lora_rank=config.update.lora.r,
-        extra=extra,
-    )
-
-
-_ENGINES: dict[tuple[str, str], PolicyEngine] = {}  # one live engine per (kind, options), reloaded per policy
-
-
-def make_engine(config: Config, model_dir: str | Path, version: str = INITIAL_VERSION) -> PolicyEngine:
-    """The configured engine acting with ``model_dir`` (an engine of the same kind is reused and reloaded)."""
-    from stages.policy.engine import make_engine as build
-
-    options = engine_options(config)
-    key = (config.rollout.engine, repr(options))
-    engine = _ENGINES.get(key)
-    if engine is None:
-        for stale in _ENGINES.values():  # at most one model in memory (a vLLM engine holds the GPU)
-            stale.close()
-        _ENGINES.clear()
-        engine = build(config.rollout.engine, Path(model_dir), version, options)
-        _ENGINES[key] = engine
-    else:
-        engine.load(Path(model_dir), version)
-    return engine
-
-
-def release_engines() -> int:
-    """Free the memory of every live rollout engine for the update: an engine that can sleep (vLLM on a
-    GPU) sleeps and stays, to be woken by its next ``load``; any other is closed, and the next
-    ``make_engine`` builds a new one. Returns how many were released or closed."""
-    released = len(_ENGINES)
-    for key, engine in list(_ENGINES.items()):
-        if not engine.release():
-            engine.close()
-            del _ENGINES[key]
-    if released:
-        import gc
-
-        import torch
-
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    return released
-
-
-def engine_released_for_update(config: Config) -> bool:
-    """Whether the loop frees the rollout engine before an update or evaluation
-    (``rollout.release_engine``; "auto": when the run is on a GPU, where the update needs its memory)."""
-    mode = config.rollout.release_engine
-    if mode != "auto":
-        return mode == "always"
-    from stages.policy.models import resolve_device
-
-    return resolve_device(config.run.device).type == "cuda"
 
 
 def make_environment(config: Config, options: dict | None = None) -> Environment:

@@ -14,8 +14,9 @@ from schemas.errors import GraftError
 from schemas.rundir import Run
 from stages.envs.base import Environment, Task
 from stages.policy.engine import PolicyEngine
+from stages.policy.live_engine import live_engine
 from stages.rollout.collect import ProgressHook, collect_episodes
-from stages.rollout.from_config import iteration_groups, make_engine, make_environment, policy_for_iteration
+from stages.rollout.from_config import iteration_groups, make_environment, policy_for_iteration
 from stages.rollout.metrics import rollout_metrics
 from stages.rollout.shards import merge_rollout_shards, shard_name
 
@@ -88,7 +89,7 @@ def rollout_iteration(
         raise GraftError(
             f"rollout: shard {shard} of iteration {iteration} has no groups (rollout.groups too small)"
         )
-    engine = make_engine(config, model_dir, version)
+    engine = live_engine(config, model_dir, version)
     stats: dict[str, float] = {}
     steps = collect_groups(engine, env, groups, config, iteration, version, progress=progress, stats=stats)
     validate_steps(steps, source=f"rollout of iteration {iteration}")
