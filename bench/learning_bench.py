@@ -625,7 +625,7 @@ def step_effects(run_dir: Path) -> pl.DataFrame:
     0: neither, e.g. an invalid or an information action). Trajectories are replayed from their task."""
     from schemas.rundir import open_run
     from stages.envs.base import Episode
-    from stages.rollout import make_environment
+    from stages.envs.registry import make_environment
 
     run = open_run(run_dir)
     config = run.load_config()

@@ -37,7 +37,7 @@ def warm_start(config: Path, out: Path, seed: int) -> Path:
     import torch
 
     from graft_cli.commands.loop import resolve_loop_run
-    from stages.rollout import ensure_initial_model
+    from stages.warmstart.initial import ensure_initial_model
 
     torch.set_num_threads(1)
     run_dir = out / f"warm-s{seed}"

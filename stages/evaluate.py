@@ -164,8 +164,9 @@ def evaluate_model(
     import torch
 
     from stages.envs.base import environment_tasks
+    from stages.envs.registry import make_environment
+    from stages.play.collect import collect_episodes
     from stages.policy.live_engine import live_engine
-    from stages.rollout import collect_episodes, make_environment
 
     torch.set_num_threads(max(1, config.run.torch_threads))
     env = make_environment(config)

@@ -51,12 +51,14 @@ from schemas.metrics import metrics_frame
 from schemas.rundir import DERIVED_FILES, STAGE_OUTPUTS, STAGES, Run
 from stages.cluster import check_executor
 from stages.credit import run_advantage, run_graph, run_solve
+from stages.envs.registry import make_environment
 from stages.evaluate import episode_table, run_eval, summary_rows
 from stages.live_log import TensorBoardLogger, open_logger
 from stages.policy.live_engine import engine_released_for_update, release_engines
-from stages.rollout import ensure_initial_model, make_environment, run_rollout
+from stages.rollout import run_rollout
 from stages.update.launch import loop_update
 from stages.update.retention import prune_checkpoints
+from stages.warmstart.initial import ensure_initial_model
 
 StageRunner = Callable[[Run, int, Config], None]
 

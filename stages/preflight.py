@@ -16,8 +16,8 @@ from schemas.errors import GraftError
 def check_startable(config: Config) -> None:
     """Raise a GraftError naming the first setting of ``config`` that cannot work on this machine."""
     from stages.cluster import check_executor
+    from stages.envs.registry import make_environment
     from stages.policy.models import check_model_dir, resolve_device
-    from stages.rollout.from_config import make_environment
 
     if config.model.path:
         try:
@@ -33,8 +33,7 @@ def check_startable(config: Config) -> None:
     check_executor(config)
     env = make_environment(config)  # checks the environment's options, data root and packages
     if config.sft.enabled:
-        from stages.demos import check_think
-        from stages.rollout.from_config import make_demo_environment
+        from stages.warmstart.demos import check_think, make_demo_environment
 
         demo_env = make_demo_environment(config) if config.sft.env_options else env  # and the warm start's
         check_think(demo_env, config.sft.think)

@@ -1,4 +1,4 @@
-"""DAgger rounds of the warm start (stages.dagger): the clone plays, the expert relabels its turns."""
+"""DAgger rounds of the warm start (stages.warmstart.dagger): the clone plays, the expert relabels its turns."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from schemas import read_table, validate_steps
 from schemas.config import load_config
 from schemas.errors import GraftError
 from schemas.rundir import create_run
-from stages.dagger import expert_relabel
-from stages.demos import demo_response, expert_demos
 from stages.envs.base import Episode
 from stages.envs.prompts import episode_prompt
 from stages.envs.registry import make_env
+from stages.warmstart.dagger import expert_relabel
+from stages.warmstart.demos import demo_response, expert_demos
 from tests.test_warmstart import TINY_SFT
 
 HOUSEHOLD = {"shuffle": True, "receptacles": 6, "distractors": 2, "objects_per_type": 2, "info_actions": True}
@@ -145,7 +145,7 @@ DAGGER = [*TINY_SFT, "sft.epochs=8", "sft.dagger_rounds=2", "sft.dagger_episodes
 
 
 def _warm_start(root: Path) -> Path:
-    from stages.rollout import ensure_initial_model
+    from stages.warmstart.initial import ensure_initial_model
 
     config = load_config(None, DAGGER)
     run = create_run(root, config)

@@ -9,11 +9,12 @@ from typer.testing import CliRunner
 
 from graft_cli.app import app
 from schemas.config import load_config
-from stages.demos import split_demos
 from stages.envs.base import Episode
+from stages.envs.registry import make_environment
 from stages.policy.tiny import environment_texts
 from stages.policy.tokenizer import build_word_tokenizer
-from stages.rollout.from_config import build_tiny_for_config, make_demo_environment, make_environment
+from stages.warmstart.demos import make_demo_environment, split_demos
+from stages.warmstart.initial import build_tiny_for_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ROOMS = ["sft.enabled=true", "sft.env_options={shuffle = true}"]

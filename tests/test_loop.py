@@ -532,7 +532,7 @@ def test_readme_rule_on_wall_clock_names_covers_every_timing_metric() -> None:
 @pytest.mark.slow
 def test_releasing_the_engine_before_the_update_changes_no_table(reference_run: Path, tmp_path: Path) -> None:
     # issue 26 item 3: the loop kept the rollout engine resident through the update and evaluation
-    import stages.rollout.from_config as from_config
+    import stages.policy.live_engine as engines
     from stages.loop import STAGE_RUNNERS
 
     config = load_config(CONFIGS / "quickstart.toml", [*MICRO, "rollout.release_engine=always"])
@@ -540,7 +540,7 @@ def test_releasing_the_engine_before_the_update_changes_no_table(reference_run: 
     live_at_update = []
 
     def update(r: Run, it: int, c: Config) -> None:
-        live_at_update.append(len(from_config._ENGINES))
+        live_at_update.append(len(engines._ENGINES))
         STAGE_RUNNERS["update"](r, it, c)
 
     run_loop(run, config, config.run.iters, runners={**STAGE_RUNNERS, "update": update})
@@ -550,7 +550,7 @@ def test_releasing_the_engine_before_the_update_changes_no_table(reference_run: 
     for name, frame in want.items():
         assert got[name].equals(frame), name
     auto = load_config(CONFIGS / "quickstart.toml", MICRO)
-    assert not from_config.engine_released_for_update(auto)  # a CPU run keeps its engine (no memory to free)
+    assert not engines.engine_released_for_update(auto)  # a CPU run keeps its engine (no memory to free)
 
 
 @pytest.mark.slow

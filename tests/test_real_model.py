@@ -136,8 +136,8 @@ def test_a_lora_update_and_export_on_the_real_model(smollm2: Path, tmp_path: Pat
 
 def test_the_warm_start_on_a_pretrained_model(smollm2: Path, tmp_path: Path) -> None:
     from schemas.rundir import create_run
-    from stages.rollout import ensure_initial_model
-    from stages.sft import PRETRAINED_SFT_LR, sft_lr
+    from stages.warmstart.initial import ensure_initial_model
+    from stages.warmstart.sft import PRETRAINED_SFT_LR, sft_lr
 
     config = _config(
         smollm2,

@@ -22,10 +22,11 @@ from schemas.errors import GraftError
 from schemas.integrity import CHECKPOINT_MARKER
 from schemas.rundir import create_run
 from stages.envs import registry
+from stages.play.collect import collect_episodes
 from stages.policy.engine import EngineOptions
 from stages.policy.live_engine import build_engine
 from stages.policy.tiny import TinySpec, build_tiny_model
-from stages.rollout import collect_episodes, merge_rollout_shards, run_rollout
+from stages.rollout import merge_rollout_shards, run_rollout
 from tests.rollout_fakes import CorridorEnv, ScriptedEngine, corridor_prompt
 
 torch.set_num_threads(1)
@@ -314,7 +315,7 @@ def test_turn_batches_keep_scopes_apart_and_reproduce_length_sorted_slices() -> 
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from stages.rollout.collect import turn_batches
+    from stages.play.collect import turn_batches
 
     @given(
         st.lists(st.tuples(st.integers(0, 3), st.integers(1, 9)), max_size=30),
@@ -515,7 +516,7 @@ def test_an_over_budget_prompt_drops_its_oldest_history_first(engine) -> None:
     # and the task; now the oldest history goes first and the prompt keeps its beginning
     import unittest.mock as mock
 
-    from stages.rollout import collect
+    from stages.play import collect
 
     renders = []
     real = collect._Renderer._render

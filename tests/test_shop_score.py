@@ -12,8 +12,8 @@ from schemas.rundir import create_run
 from stages.envs.base import Episode
 from stages.envs.registry import make_env
 from stages.evaluate import eval_rows
+from stages.play.collect import _row, _Slot, _steps_frame, _Turn
 from stages.report import RunTables, per_type_table
-from stages.rollout.collect import _row, _Slot, _steps_frame, _Turn
 from stages.rollout.metrics import rollout_metrics
 
 

@@ -12,10 +12,10 @@ import pytest
 
 from schemas.config import DEFAULT_TINY_VOCAB_TASKS, load_config
 from schemas.errors import GraftError
-from stages.envs.registry import make_env
+from stages.envs.registry import make_env, make_environment
 from stages.policy.tiny import build_tiny_model, environment_texts, vocab_tasks_for
 from stages.policy.tokenizer import build_word_tokenizer, vocabulary_misses
-from stages.rollout.from_config import build_tiny_for_config, make_environment
+from stages.warmstart.initial import build_tiny_for_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 HELD_OUT_SEED = 12345  # task sets the vocabulary never played (it uses VOCAB_SEED = 0)

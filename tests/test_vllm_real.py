@@ -217,7 +217,7 @@ def test_lora_checkpoints_are_served_as_adapter_requests(engine, models, tmp_pat
 
 def test_a_rollout_is_reproducible_and_its_prompts_fit(engine) -> None:
     from schemas import validate_steps
-    from stages.rollout import collect_episodes
+    from stages.play.collect import collect_episodes
     from tests.rollout_fakes import CorridorEnv, corridor_prompt
 
     def play(mode: str) -> tuple[pl.DataFrame, dict]:
@@ -345,11 +345,12 @@ def test_a_chat_models_turns_are_scored_as_vllm_played_them() -> None:
     them equal the ones vLLM stored -- on later turns too, whose prompts hold earlier responses."""
     from schemas.config import load_config
     from schemas.errors import GraftError
+    from stages.envs.registry import make_environment
+    from stages.play.collect import collect_episodes
     from stages.policy.gguf_import import cached_gguf_model, default_cache
     from stages.policy.live_engine import engine_options
     from stages.policy.vllm_engine import VLLMEngine
-    from stages.rollout import collect_episodes
-    from stages.rollout.from_config import iteration_groups, make_environment
+    from stages.rollout.runner import iteration_groups
 
     try:
         smollm2 = cached_gguf_model("smollm2", default_cache())

@@ -14,10 +14,10 @@ from schemas import read_table, validate_steps
 from schemas.config import load_config
 from schemas.errors import GraftError
 from schemas.rundir import create_run, open_run
-from stages.demos import demo_summary, expert_demos, inadmissible_action
 from stages.envs.parser import parse_response
 from stages.envs.registry import make_env
-from stages.sft import (
+from stages.warmstart.demos import demo_summary, expert_demos, inadmissible_action
+from stages.warmstart.sft import (
     Example,
     collate,
     lr_factor,
@@ -365,7 +365,7 @@ def test_sft_config_is_validated() -> None:
 @pytest.fixture(scope="module")
 def warm_run(tmp_path_factory) -> Path:
     """A run whose warm start has finished (shared by the tests below)."""
-    from stages.rollout import ensure_initial_model
+    from stages.warmstart.initial import ensure_initial_model
 
     torch.set_num_threads(1)
     config = load_config(None, TINY_SFT)
@@ -396,8 +396,8 @@ def test_after_a_short_warm_start_generate_mode_writes_valid_actions(warm_run: P
 @pytest.mark.slow
 def test_the_warm_start_is_the_initial_policy_and_kl_reference(warm_run: Path) -> None:
     from stages.evaluate import policy_dir
-    from stages.rollout import policy_for_iteration
     from stages.update.runner import reference_dir
+    from stages.warmstart.initial import policy_for_iteration
 
     run = open_run(warm_run)
     config = run.load_config()
@@ -412,7 +412,7 @@ def _killed_sft(run_dir: str) -> None:  # runs in a forkserver child
     import os
 
     from stages.loop import run_loop
-    from stages.rollout import ensure_initial_model
+    from stages.warmstart.initial import ensure_initial_model
     from tests.kill_at import killing
 
     config = load_config(None, TINY_SFT)
@@ -581,7 +581,7 @@ def test_sft_takes_the_run_lock_and_clears_a_killed_warm_starts_temporaries(tmp_
         seen["stale_left"] = stale.exists()
         raise SystemExit(0)
 
-    monkeypatch.setattr("stages.rollout.ensure_initial_model", fake_initial_model)
+    monkeypatch.setattr("stages.warmstart.initial.ensure_initial_model", fake_initial_model)
     runner.invoke(app, ["sft", str(run.root)])
     assert seen == {"stale_left": False}
     import subprocess
@@ -591,7 +591,7 @@ def test_sft_takes_the_run_lock_and_clears_a_killed_warm_starts_temporaries(tmp_
         [
             sys.executable,
             "-c",
-            "import sys,time; from schemas.rundir import run_lock\n"
+            "import sys,time; from schemas.lock import run_lock\n"
             f"with run_lock({str(run.root)!r}):\n    print('held', flush=True); time.sleep(30)",
         ],
         stdout=subprocess.PIPE,
@@ -609,7 +609,7 @@ def test_micro_batches_give_the_same_step_as_one_pass(tmp_path: Path) -> None:
     # issue 26 item 4: the warm start had no micro-batching; the split must not change the step
     import copy
 
-    from stages.sft import micro_batches
+    from stages.warmstart.sft import micro_batches
 
     env, model, tokenizer = _tiny_model_and_tokenizer(tmp_path)
     demos = expert_demos(env, env.tasks("train", 2, 0), 4, seed=0, history_length=0)
@@ -628,7 +628,7 @@ def test_micro_batches_give_the_same_step_as_one_pass(tmp_path: Path) -> None:
 
 def test_the_warm_start_lr_defaults_by_the_kind_of_model() -> None:
     from schemas.config import load_config
-    from stages.sft import PRETRAINED_SFT_LR, TINY_SFT_LR, sft_lr
+    from stages.warmstart.sft import PRETRAINED_SFT_LR, TINY_SFT_LR, sft_lr
 
     assert sft_lr(load_config(None)) == TINY_SFT_LR == 3e-3
     assert sft_lr(load_config(None, ["model.path=models/smollm2"])) == PRETRAINED_SFT_LR == 5e-5

@@ -241,8 +241,8 @@ def register(app: typer.Typer) -> None:
                 # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
                 console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
                 if not cfg.model.path and not (run.initial_model_dir / "config.json").is_file():
+                    from stages.envs.registry import make_environment
                     from stages.policy.tiny import vocab_tasks_for
-                    from stages.rollout import make_environment
 
                     n = vocab_tasks_for(make_environment(cfg), cfg.model.tiny_vocab_tasks)
                     console.print(

@@ -182,7 +182,7 @@ def rollout(
     config = load_config(config_path, overrides)
     scratch = Run(out)  # only for the tiny model location: DIR/model
     from stages.policy.engine import INITIAL_VERSION
-    from stages.rollout import ensure_initial_model
+    from stages.warmstart.initial import ensure_initial_model
 
     model_dir = ensure_initial_model(scratch, config)
     steps, metrics = rollout_iteration(

@@ -23,8 +23,8 @@ from schemas import write_table
 from schemas.config import Config
 from schemas.rundir import Run
 from stages.envs.base import Environment
+from stages.envs.registry import make_environment
 from stages.policy.live_engine import release_engines
-from stages.rollout.from_config import make_environment
 from stages.rollout.runner import rollout_iteration
 from stages.rollout.shards import shard_name
 

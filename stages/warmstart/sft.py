@@ -2,13 +2,13 @@
 
 The paper's policy starts as an instruct model that already writes ``<think>…</think><action>…</action>``;
 the tiny random model writes nothing parseable. The warm start clones the scripted expert (optionally
-ε-noisy, ``stages.demos``) so that generate-mode RL starts with a low invalid rate and partial
+ε-noisy, ``stages.warmstart.demos``) so that generate-mode RL starts with a low invalid rate and partial
 success:
 
     loss(θ) = − (1 / Σ_rows |y_row|) Σ_rows Σ_{j} log π_θ(y_row,j | x_row, y_row,<j)
 
 x = the model input of the demo's prompt, built exactly as the rollout builds it
-(``stages.rollout.collect.model_inputs``), y = the tokens of the demo response; the prompt tokens
+(``stages.play.collect.model_inputs``), y = the tokens of the demo response; the prompt tokens
 carry no loss (token-mean over the response tokens of a minibatch). AdamW, gradient clipping,
 minibatches of whole rows in a seeded order (seed ``(run.seed, "sft")``), ``sft.epochs`` passes.
 
@@ -38,9 +38,12 @@ from schemas.errors import GraftError
 from schemas.integrity import checkpoint_complete
 from schemas.metrics import metrics_frame
 from schemas.rundir import Run
-from stages.demos import demo_summary, split_demos, split_tasks
+from stages.play.collect import model_inputs
+from stages.policy.live_engine import live_engine
 from stages.policy.sampling import derive_rng
 from stages.progress import terminal_progress
+from stages.warmstart.dagger import dagger_round
+from stages.warmstart.demos import demo_summary, make_demo_environment, split_demos, split_tasks
 
 SFT_ITER = -1  # the warm start runs before iteration 0
 IGNORE = -100  # label of tokens that carry no loss (Hugging Face's convention)
@@ -58,8 +61,6 @@ def sft_examples(
     steps: pl.DataFrame, tokenizer, chat: bool, max_prompt_tokens: int
 ) -> tuple[list[Example], int]:
     """The (input, response) token ids of every demo row, and how many prompts were cut."""
-    from stages.rollout.collect import model_inputs
-
     if steps.height == 0:
         raise GraftError("sft: the demos table has no rows")
     if steps["prompt"].null_count() or steps["response"].null_count():
@@ -279,10 +280,9 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
     """Write the warm start of ``run`` (demos, losses, checkpoint) from ``base_model``; return the
     checkpoint. Finished parts are kept: existing demos are reused, a complete checkpoint returned.
     With ``sft.dagger_rounds`` = R > 0, R DAgger rounds follow the cloning of the demos
-    (``stages.dagger``); each writes ``<run>/sft/dagger/round_r/`` (the clone that played, its relabelled
+    (``stages.warmstart.dagger``); each writes ``<run>/sft/dagger/round_r/`` (the clone that played, its relabelled
     turns)."""
     from stages.policy.models import prompt_format
-    from stages.rollout.from_config import make_demo_environment
     from stages.update.checkpoint import load_model, load_tokenizer, save_checkpoint
 
     target = run.sft_model_dir
@@ -363,8 +363,6 @@ def _dagger_play(
     """The play half of DAgger round ``round_index``: the clone so far plays ``sft.dagger_episodes``
     episodes of the demos' task set and the expert relabels them. Returns the relabelled turns and the
     round's metrics (success and invalid rate of the clone's own play)."""
-    from stages.dagger import dagger_round
-    from stages.policy.live_engine import live_engine
     from stages.update.checkpoint import save_checkpoint
 
     sft = config.sft

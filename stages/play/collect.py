@@ -71,7 +71,7 @@ def model_inputs(
     A chat model gets its chat template around the prompt (the template writes its own special
     tokens); a raw prompt is tokenized as is. ``suffix`` follows the prompt (choose mode's action
     tag). A prompt longer than ``max_prompt_tokens`` keeps its end: the current state and the
-    instructions. The rollout and the warm start (``stages.sft``) both build inputs here, so the
+    instructions. The rollout and the warm start (``stages.warmstart.sft``) both build inputs here, so the
     policy is trained on exactly what it later reads.
     """
     texts = []

@@ -11,7 +11,7 @@ after an invalid one (BENCHMARKS.md "Warm-start measurements"). A DAgger round c
                      D_r = D_{r-1} ∪ {(x_t, y*(s_t)) : t ∈ τ};  π_r = π_{r-1} trained on D_r
 
 x_t is the prompt of turn t exactly as the demos render it, y*(s_t) the expert's answer at the
-state s_t the clone reached (``stages.demos.demo_response``), also at a state the clone reached by an
+state s_t the clone reached (``stages.warmstart.demos.demo_response``), also at a state the clone reached by an
 invalid turn (the world did not advance, so the label is the expert's action there). The label is the
 expert's, never the clone's: kept noise (``sft.keep_noise``) shapes only the demos.
 
@@ -29,12 +29,12 @@ import numpy as np
 import polars as pl
 
 from schemas.errors import GraftError
-from stages.demos import DEMO_COLUMNS, demo_response, turn_think
 from stages.envs.base import Environment, Episode, Task
 from stages.envs.prompts import episode_prompt
+from stages.play.collect import collect_episodes
 from stages.policy.engine import PolicyEngine
 from stages.policy.sampling import derive_rng, derive_seed
-from stages.rollout.collect import collect_episodes
+from stages.warmstart.demos import DEMO_COLUMNS, demo_response, turn_think
 
 DAGGER_VERSION = "dagger"
 

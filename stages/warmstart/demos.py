@@ -60,8 +60,9 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from stages.envs.base import Environment, Episode, Task, environment_tasks
 from stages.envs.prompts import episode_prompt
+from stages.envs.registry import make_environment
+from stages.play.collect import STEPS_FRAME_SCHEMA
 from stages.policy.sampling import derive_rng
-from stages.rollout.collect import STEPS_FRAME_SCHEMA
 
 EXPERT_VERSION = "expert"
 # the rollout's columns except the token ones (demos belong to no model)
@@ -105,6 +106,12 @@ def demo_response(style: str, action: str, think: str | None = None) -> str:
 
         return think + search_action_markup(action)
     return f"{think}<action>{action}</action>"
+
+
+def make_demo_environment(config: Config) -> Environment:
+    """The environment the warm start's demos and DAgger rounds play: the run's, with
+    ``sft.env_options`` over ``env.options`` (e.g. other rooms than the benchmark's)."""
+    return make_environment(config, {**config.env.options, **config.sft.env_options})
 
 
 def inadmissible_action(
