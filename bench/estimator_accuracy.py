@@ -34,11 +34,11 @@ from scipy.stats import spearmanr
 
 from schemas.atomic import atomic_write_text
 from schemas.config import AdvantageConfig
-from stages.advantage.baselines import unnormalized_credit
-from stages.advantage.registry import CreditInputs, get_estimator
-from stages.graph import build_graph
-from stages.solve import solve_values
-from stages.synth import synth_steps
+from stages.credit.advantage.baselines import unnormalized_credit
+from stages.credit.advantage.registry import CreditInputs, get_estimator
+from stages.credit.bellman import solve_values
+from stages.credit.synth import synth_steps
+from stages.credit.trajectory_graph import build_graph
 
 SECTION = "## Estimator accuracy (Proposition 1)"
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"

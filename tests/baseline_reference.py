@@ -2,7 +2,7 @@
 
 The references loop over rows with plain Python dicts and read the graph's φ as the exact state
 string (``state`` / ``next_state``), so they share no code and no node numbering with
-``stages/advantage/baselines.py``. Each returns a list of floats aligned with the steps rows.
+``stages/credit/advantage/baselines.py``. Each returns a list of floats aligned with the steps rows.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def runner() -> CliRunner:
 @pytest.fixture
 def small_steps() -> pl.DataFrame:
     """A valid steps table: 3 groups x 4 rollouts of random MDPs."""
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     steps = synth_steps(groups=3, group_size=4, horizon=6, seed=7)
     assert isinstance(steps, pl.DataFrame)

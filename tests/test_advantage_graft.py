@@ -16,15 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import stages.advantage.graft as graft_module
+import stages.credit.advantage.graft as graft_module
 from schemas import conform
 from schemas.config import AdvantageConfig
-from stages.advantage.compute import compute_advantages
-from stages.advantage.graft import graft_credit, node_normalize, node_values
-from stages.advantage.registry import CreditInputs, get_estimator
-from stages.graph import build_graph
-from stages.solve import index_graph, solve_values
-from stages.synth import synth_steps
+from stages.credit.advantage.compute import compute_advantages
+from stages.credit.advantage.graft import graft_credit, node_normalize, node_values
+from stages.credit.advantage.registry import CreditInputs, get_estimator
+from stages.credit.bellman import index_graph, solve_values
+from stages.credit.synth import synth_steps
+from stages.credit.trajectory_graph import build_graph
 from tests.credit_cases import fig2_steps, make_steps, synth_knobs
 from tests.reference_graft import reference_advantages, reference_graph, reference_values
 
@@ -320,7 +320,7 @@ def test_registry_and_advantages_table():
 
 
 def test_large_group_path_equals_bitset_path(monkeypatch):
-    import stages.advantage.graft as graft_module
+    import stages.credit.advantage.graft as graft_module
 
     steps = synth_steps(groups=4, group_size=8, horizon=12, width=4, cycles=0.3, truncation=0.4, seed=11)
     bitset, nodes, edges, values = _credit(steps, gamma=0.95, lam=0.9, normalize="none")
@@ -347,7 +347,7 @@ def test_values_must_cover_every_node():
 
 
 def test_walks_beyond_the_expanded_sets_fall_back_to_full_expansion(monkeypatch):
-    import stages.advantage.graft as graft_module
+    import stages.credit.advantage.graft as graft_module
 
     steps = synth_steps(groups=2, group_size=6, horizon=8, cycles=0.3, seed=4)
     expected, *_ = _credit(steps, normalize="none")
@@ -399,8 +399,8 @@ def _literal_graph_gae(edges: pl.DataFrame, td: np.ndarray, horizon: np.ndarray,
 def test_graph_gae_expands_only_rows_that_meet_a_nonzero_out_sum(knobs, keep, decay, seed, prune_sets):
     """With ΣA_out exactly 0 at most nodes (A zero on their out-edges, as at an exact fixed point), the
     pruned walk still equals the literal k-hop means, and rows that cannot meet a non-zero sum keep A_t."""
-    import stages.advantage.graft as graft_module
-    from stages.advantage.graft import horizons, nonzero_reach
+    import stages.credit.advantage.graft as graft_module
+    from stages.credit.advantage.graft import horizons, nonzero_reach
 
     walks = []
 
@@ -431,7 +431,7 @@ def test_graph_gae_expands_only_rows_that_meet_a_nonzero_out_sum(knobs, keep, de
 def test_graph_gae_needs_no_fallback_walk_on_solved_values(monkeypatch, prune_sets_below):
     """Rows kept at A_t shrink the singletons' needs; a walk that meets such a row's dst as a one-member
     set must then stop there (all later sums are 0), not run off the expanded sets into the fallback."""
-    import stages.advantage.graft as graft_module
+    import stages.credit.advantage.graft as graft_module
 
     knobs = dict(width=6, merge=0.5, cycles=0.1, invalid_rate=0.1, truncation=0.1, end_rate=0.05)
     steps = synth_steps(groups=10, group_size=8, horizon=30, seed=3, **knobs)

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from schemas.config import AdvantageConfig
 from schemas.errors import GraftError
-from stages.advantage import baselines
-from stages.advantage.registry import ESTIMATORS, CreditInputs
+from stages.credit.advantage import baselines
+from stages.credit.advantage.registry import ESTIMATORS, CreditInputs
 from tests.baseline_reference import (
     Traj,
     build_tables,
@@ -459,13 +459,13 @@ def test_registered_names():
 
 
 # ----------------------------------------------------------------------------------------------------
-# On tables from the real pipeline (stages.synth -> stages.graph)
+# On tables from the real pipeline (stages.credit.synth -> stages.credit.trajectory_graph)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_baselines_on_pipeline_graphs_match_the_references(seed):
-    from stages.graph import build_graph
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
+    from stages.credit.trajectory_graph import build_graph
 
     steps = synth_steps(groups=6, group_size=6, horizon=5, width=3, merge=0.5, success_reward=10.0, seed=seed)
     nodes, edges = build_graph(steps, canonicalize="exact")
@@ -489,10 +489,10 @@ def test_graft_td_equals_rtmc_on_a_tree(gamma):
     # terminal nodes), the graph's V̂(u) is the mean discounted return over the visits of u, so
     # r + γV̂(dst) − V̂(src) = Q̂(s, a) − V̂(s): graft TD and rtmc are the same estimator there -- when
     # V̂ holds the step rewards too (solve.step_rewards = "values"; the default keeps them out of V̂).
-    import stages.advantage.graft  # noqa: F401  (registers "graft")
-    from stages.graph import build_graph
-    from stages.solve import solve_values
-    from stages.synth import synth_steps
+    import stages.credit.advantage.graft  # noqa: F401  (registers "graft")
+    from stages.credit.bellman import solve_values
+    from stages.credit.synth import synth_steps
+    from stages.credit.trajectory_graph import build_graph
 
     steps, _ = synth_steps(
         groups=8, group_size=8, horizon=5, width=3, merge=0.0, gamma=gamma, seed=4, truth=True

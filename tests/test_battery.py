@@ -138,7 +138,7 @@ def test_a_plugin_whose_constructor_raises_is_one_error(tmp_path, monkeypatch):
 
 def _sql_run(root: Path) -> Path:
     from schemas import write_table
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     (root / "iter_0000").mkdir(parents=True)
     write_table(
@@ -282,7 +282,7 @@ def test_sql_tables_and_errors_show_bidirectional_controls_escaped(tmp_path):
     import polars as pl
 
     from schemas import write_table
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     root = tmp_path / "run"
     steps = synth_steps(groups=1, group_size=1, horizon=2, seed=1)
@@ -335,7 +335,7 @@ def test_rewards_that_overflow_are_one_line_without_numpy_warnings(tmp_path):
     import polars as pl
 
     from schemas import write_table
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     steps = synth_steps(groups=2, group_size=3, horizon=4, seed=1)
     for column in ("reward", "outcome"):

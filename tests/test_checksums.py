@@ -19,8 +19,8 @@ from schemas.errors import GraftError
 from schemas.integrity import CHECKPOINT_MARKER, checkpoint_damage, file_digests, verify_checkpoint
 from schemas.io import verify_table
 from schemas.rundir import create_run
+from stages.credit.synth import synth_steps
 from stages.loop import run_loop
-from stages.synth import synth_steps
 from tests.test_loop import fake_runners
 
 

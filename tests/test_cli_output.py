@@ -126,7 +126,7 @@ def test_stage_commands_say_what_they_computed(tmp_path):
 
     from graft_cli.app import app
     from schemas import write_table
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     steps = tmp_path / "steps.parquet"
     write_table(synth_steps(groups=2, group_size=3, horizon=4, seed=1), "steps", steps)

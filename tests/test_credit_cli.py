@@ -14,7 +14,8 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import create_run
 from stages import credit
-from stages.synth import synth_steps
+from stages.credit import runners
+from stages.credit.synth import synth_steps
 from tests.credit_cases import fig2_steps
 from tests.reference_graft import reference_advantages, reference_graph, reference_values
 
@@ -350,9 +351,9 @@ def test_file_mode_reads_each_input_once_and_matches_separate_stages(runner, tmp
     )
     path = _write_plain(steps, tmp_path / "steps.parquet")
     reads: list[str] = []
-    real = credit.read_table
+    real = runners.read_table
     monkeypatch.setattr(
-        credit, "read_table", lambda p, *a, **k: reads.append(Path(p).name) or real(p, *a, **k)
+        runners, "read_table", lambda p, *a, **k: reads.append(Path(p).name) or real(p, *a, **k)
     )
     chained = tmp_path / "chained"
     assert runner.invoke(app, ["advantage", str(path), "-o", str(chained)]).exit_code == 0

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from schemas.config import AdvantageConfig, load_config
 from schemas.errors import GraftError
 from stages import credit
-from stages.advantage.compute import compute_advantages
-from stages.advantage.graft import batch_normalize, markov_hops, node_normalize
-from stages.graph import TIME_SEPARATOR, build_graph
-from stages.solve import solve_values
-from stages.synth import synth_steps
+from stages.credit.advantage.compute import compute_advantages
+from stages.credit.advantage.graft import batch_normalize, markov_hops, node_normalize
+from stages.credit.bellman import solve_values
+from stages.credit.synth import synth_steps
+from stages.credit.trajectory_graph import TIME_SEPARATOR, build_graph
 from tests.credit_cases import fig2_steps, make_steps, synth_knobs
 
 LEGACY = {"step_rewards": "values", "gae_horizon": "literal"}
@@ -290,9 +290,9 @@ def test_variant_settings_are_validated():
 def test_interning_sets_across_depths_changes_no_credit(monkeypatch, seed):
     """The Markov tail identifies a set met again at a later depth with its first sighting (cycles
     close); from depth 1 or never, the tails are the same numbers."""
-    import stages.advantage.graft as graft_module
-    from stages.advantage.graft import markov_graph_gae, node_values, td_residuals
-    from stages.solve import index_graph
+    import stages.credit.advantage.graft as graft_module
+    from stages.credit.advantage.graft import markov_graph_gae, node_values, td_residuals
+    from stages.credit.bellman import index_graph
 
     knobs = dict(width=5, merge=0.6, cycles=0.4, invalid_rate=0.2, truncation=0.3, end_rate=0.05)
     steps = synth_steps(groups=6, group_size=8, horizon=25, seed=seed, **knobs)

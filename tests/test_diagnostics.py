@@ -1,4 +1,4 @@
-"""Graph diagnostics (stages.diagnostics) against a plain reference: string joins and one filter per type."""
+"""Graph diagnostics (stages.credit.diagnostics) against a plain reference: string joins and one filter per type."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from stages.diagnostics import diagnostics_frame, graph_metrics, solve_metrics
-from stages.graph import build_graph
-from stages.solve import index_graph, solve_values
-from stages.synth import synth_steps
+from stages.credit.bellman import index_graph, solve_values
+from stages.credit.diagnostics import diagnostics_frame, graph_metrics, solve_metrics
+from stages.credit.synth import synth_steps
+from stages.credit.trajectory_graph import build_graph
 
 
 def _ref_graph(nodes: pl.DataFrame, edges: pl.DataFrame) -> dict[str, float]:

@@ -8,7 +8,7 @@ import pytest
 
 from schemas import conform
 from schemas.errors import GraftError
-from stages.graph import _leader_clusters, build_graph
+from stages.credit.trajectory_graph import _leader_clusters, build_graph
 from tests.credit_cases import fig2_steps, make_steps
 
 
@@ -176,7 +176,7 @@ def test_leader_clusters_matches_a_sequential_loop():
 
 @pytest.mark.slow
 def test_similarity_with_the_packaged_minilm():
-    from stages.embed import SentenceEncoder
+    from stages.credit.embed import SentenceEncoder
 
     encoder = SentenceEncoder(batch_size=8)
     states = [
@@ -194,7 +194,7 @@ def test_similarity_with_the_packaged_minilm():
 
 
 def test_chunked_leader_clustering_equals_the_dense_rule(monkeypatch):
-    import stages.graph as graph_module
+    import stages.credit.trajectory_graph as graph_module
 
     rng = np.random.default_rng(5)
     x = rng.normal(size=(300, 4))
@@ -208,7 +208,7 @@ def test_chunked_leader_clustering_equals_the_dense_rule(monkeypatch):
 
 
 def test_embedding_cache_is_keyed_by_text(tmp_path, monkeypatch):
-    from stages.embed import SentenceEncoder
+    from stages.credit.embed import SentenceEncoder
 
     calls: list[list[str]] = []
 

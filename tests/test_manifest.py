@@ -12,8 +12,8 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.manifest import MANIFEST_FILE
 from schemas.rundir import create_run
+from stages.credit.synth import synth_steps
 from stages.loop import run_loop
-from stages.synth import synth_steps
 from tests.test_loop import fake_runners
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from normalization_probe import cosine, credit_rows, effect_agreement, summary  # noqa: E402
 
-from stages.advantage.graft import node_normalize  # noqa: E402
+from stages.credit.advantage.graft import node_normalize  # noqa: E402
 
 
 def hand_batch() -> pl.DataFrame:

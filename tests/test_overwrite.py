@@ -211,7 +211,7 @@ def test_stage_command_overrides_are_recorded_in_the_iteration(tmp_path: Path) -
 
     from schemas.config import Config
     from schemas.rundir import create_run
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     run = create_run(tmp_path / "r", Config())
     run.write(0, "steps", synth_steps(groups=2, group_size=3, horizon=4, seed=1))
@@ -232,7 +232,7 @@ def test_stage_command_overrides_are_recorded_in_the_iteration(tmp_path: Path) -
 def test_force_checks_the_tables_it_keeps_before_removing_anything(tmp_path: Path, runner: CliRunner) -> None:
     # a replaced steps table, then `advantage --force --yes`: it used to remove iteration 1's update and
     # checkpoint and iterations 2-3, then fail on "edges has 75 rows but steps has 67"
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     run = _finished_run(tmp_path / "r", iters=3)
     run.write(1, "steps", synth_steps(groups=3, group_size=3, horizon=5, seed=5, success_reward=10.0))
@@ -247,7 +247,7 @@ def test_force_checks_the_tables_it_keeps_before_removing_anything(tmp_path: Pat
 def test_force_checks_the_input_tables_against_each_other_without_a_manifest(
     tmp_path: Path, runner: CliRunner
 ) -> None:
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     run = create_run(tmp_path / "r", Config())
     run.write(0, "steps", synth_steps(groups=2, group_size=3, horizon=4, seed=1))

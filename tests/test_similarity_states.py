@@ -17,7 +17,7 @@ import pytest
 from schemas.config import config_from_dict
 from schemas.errors import GraftError
 from stages import credit
-from stages.graph import build_graph
+from stages.credit.trajectory_graph import build_graph
 from tests.credit_cases import make_steps
 
 HOTPOTQA = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa"
@@ -114,7 +114,7 @@ def test_bootstrap_lets_a_cut_end_merge_with_continuations():
 
 
 def test_constrained_clustering_matches_a_sequential_reference():
-    from stages.graph import _constrained_leader_clusters, _leader_clusters
+    from stages.credit.trajectory_graph import _constrained_leader_clusters, _leader_clusters
 
     rng = np.random.default_rng(7)
     for _ in range(25):
@@ -153,7 +153,7 @@ def test_constrained_clustering_matches_a_sequential_reference():
 
 @pytest.fixture(scope="module")
 def encoder():
-    from stages.embed import SentenceEncoder
+    from stages.credit.embed import SentenceEncoder
 
     return SentenceEncoder(batch_size=8)
 
@@ -201,7 +201,7 @@ def test_long_contexts_are_counted_and_embedded_whole(encoder, hotpot):
 
 
 def test_long_states_error_refuses(hotpot):
-    from stages.embed import SentenceEncoder
+    from stages.credit.embed import SentenceEncoder
 
     env, task = hotpot
     (_, after_search), *_ = _play(env, task, [f"search: {task.spec['supporting_titles'][0]}"])

@@ -15,9 +15,9 @@ from scipy.sparse.linalg import spsolve
 
 from schemas import conform
 from schemas.errors import GraftError
-from stages.graph import build_graph
-from stages.solve import k_max, solve_values
-from stages.synth import synth_steps
+from stages.credit.bellman import k_max, solve_values
+from stages.credit.synth import synth_steps
+from stages.credit.trajectory_graph import build_graph
 from tests.credit_cases import fig2_steps, make_steps, synth_knobs
 from tests.reference_graft import reference_graph, reference_values
 

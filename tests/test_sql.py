@@ -20,8 +20,8 @@ from graft_cli.app import app
 from schemas import TABLES, write_table
 from schemas.errors import GraftError
 from schemas.rundir import Run
+from stages.credit.synth import synth_steps
 from stages.sql import check_read_only, connect, private_temp_dir, run_query
-from stages.synth import synth_steps
 
 
 def _metrics(iteration: int, stage: str, names: list[str]) -> pl.DataFrame:

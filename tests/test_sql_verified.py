@@ -13,8 +13,8 @@ import schemas.verified as verified
 from schemas import write_table
 from schemas.errors import GraftError
 from stages import credit
+from stages.credit.synth import synth_steps
 from stages.sql import run_query
-from stages.synth import synth_steps
 from tests.test_checksums import _data_region, _flip
 
 

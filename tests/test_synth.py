@@ -1,4 +1,4 @@
-"""stages/synth.py: valid steps tables, the knobs do what they say, and exact truth values.
+"""stages/credit/synth.py: valid steps tables, the knobs do what they say, and exact truth values.
 
 The truth check enumerates every trajectory of small layered MDPs with its probability (a recursion
 written here from the model description, not the module's backward induction) and compares the
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from schemas import TABLES, read_table, validate_steps
 from schemas.errors import GraftError
-from stages.synth import FAIL, GOAL, synth_mdps, synth_steps, write_synth
+from stages.credit.synth import FAIL, GOAL, synth_mdps, synth_steps, write_synth
 
 KEY = re.compile(r"^g(\d+)/L(\d+)/s(\d+)(/h\d+)?$")
 

@@ -251,7 +251,6 @@ def advantage(
     Stale: built from another steps file or another graph/solve config.
     """
     from schemas.lock import run_lock
-    from stages.advantage.registry import get_estimator
     from stages.credit import (
         Held,
         advantage_files,
@@ -261,6 +260,7 @@ def advantage(
         run_solve,
         solve_files,
     )
+    from stages.credit.advantage.registry import get_estimator
 
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "advantage")

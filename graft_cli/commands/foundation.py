@@ -46,7 +46,7 @@ def synth(
     check_seed(seed)
     import polars as pl
 
-    from stages.synth import write_synth
+    from stages.credit.synth import write_synth
 
     paths = write_synth(
         out_dir, groups=groups, group_size=group_size, horizon=horizon, width=width, merge=merge,

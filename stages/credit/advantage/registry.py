@@ -13,7 +13,7 @@ from schemas.config import AdvantageConfig
 from schemas.errors import GraftError
 
 if TYPE_CHECKING:
-    from stages.solve import GraphIndex
+    from stages.credit.bellman import GraphIndex
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class CreditInputs:
     nodes:  nodes table (per group)
     values: values table (per group, per node) -- None for estimators that need no graph values
     gamma:  discount of the graph solve (SPEC §4)
-    index:  stages.solve.index_graph(nodes, edges) when the caller already has it (else None)
+    index:  stages.credit.bellman.index_graph(nodes, edges) when the caller already has it (else None)
     step_rewards: solve.step_rewards the values were solved with ("step": r_t is not inside V)
     """
 
@@ -68,16 +68,9 @@ def register(name: str) -> Callable[[Estimator], Estimator]:
 
 def get_estimator(name: str) -> Estimator:
     """Look up an estimator; unknown names are a GraftError listing the known ones."""
-    _load_builtin()
     try:
         return ESTIMATORS[name]
     except KeyError:
         raise GraftError(
             f"unknown advantage.estimator '{name}'; estimators: {', '.join(sorted(ESTIMATORS))}"
         ) from None
-
-
-def _load_builtin() -> None:
-    # Importing the modules runs their @register decorators.
-    import stages.advantage.baselines  # noqa: F401
-    import stages.advantage.graft  # noqa: F401

@@ -7,8 +7,8 @@ import polars as pl
 
 from schemas.config import AdvantageConfig
 from schemas.errors import GraftError
-from stages.advantage.registry import CreditInputs, get_estimator
-from stages.solve import GraphIndex
+from stages.credit.advantage.registry import CreditInputs, get_estimator
+from stages.credit.bellman import GraphIndex
 
 
 def _column(values: np.ndarray | None, n: int, name: str, estimator: str) -> pl.Series:
@@ -40,7 +40,7 @@ def compute_advantages(
     """Advantages table, one row per steps row in the same order, from estimator ``config.estimator``.
 
     ``edges`` must be row-aligned with ``steps`` (the graph stage's output for these steps);
-    ``index``: stages.solve.index_graph(nodes, edges) when the caller already has it;
+    ``index``: stages.credit.bellman.index_graph(nodes, edges) when the caller already has it;
     ``step_rewards``: the solve.step_rewards the values were computed with.
     With ``config.flat_groups = "zero"`` every row of a group whose outcomes do not vary gets
     advantage 0, whatever the estimator (td and gae stay as computed).

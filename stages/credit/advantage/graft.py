@@ -1,6 +1,6 @@
 """The ``graft`` estimator: TD on the graph, Graph GAE, node normalization (SPEC §4, paper Eq. 8-11).
 
-Per steps row t (edge src -> dst in its group's graph, values V from stages.solve):
+Per steps row t (edge src -> dst in its group's graph, values V from stages.credit.bellman):
 
     TD (Eq. 8):          A_t = r_t + γ V(dst_t) − V(src_t)
     gae = "graph" (Eq. 9-10, literal):
@@ -46,8 +46,8 @@ import scipy.sparse as sp
 
 from schemas.config import AdvantageConfig
 from schemas.errors import GraftError
-from stages.advantage.registry import CreditInputs, CreditOutput, register
-from stages.solve import GraphIndex, end_distance, gather_ranges, index_graph, sorted_unique
+from stages.credit.advantage.registry import CreditInputs, CreditOutput, register
+from stages.credit.bellman import GraphIndex, end_distance, gather_ranges, index_graph, sorted_unique
 
 _NORM_EPS = 1e-6
 # Credit below this magnitude is solver noise, not signal. The solve stops when max|ΔV| < ε (SPEC §4,

@@ -3,7 +3,7 @@
 For every rollout group the N trajectories are merged into one directed multigraph:
 
 * **nodes** -- φ maps a state key to a node. ``exact``: one node per distinct ``state`` string.
-  ``similarity``: the distinct strings are embedded (sentence-transformers, stages.embed: never cut,
+  ``similarity``: the distinct strings are embedded (sentence-transformers, stages.credit.embed: never cut,
   long texts in windows), L2-normalized and clustered greedily in (trajectory, step) order -- a string
   joins the earliest cluster whose *leader* has cosine >= τ, else it leads a new cluster; identical
   strings always share a node. Two structural rules hold whatever the cosine: an end state (where a
@@ -196,7 +196,7 @@ def _similarity_leaders(
     structural rules; see ``_constrained_leader_clusters``.
     """
     if embedder is None:
-        from stages.embed import default_embedder
+        from stages.credit.embed import default_embedder
 
         embedder = default_embedder()
     distinct = texts.unique(maintain_order=True)
@@ -294,7 +294,7 @@ def build_graph(
     leaving the node, ``ends`` = trajectories ending there after the truncation rule and
     ``end_value`` = mean outcome of those ends (null without ends).
 
-    ``embedder`` (similarity only): texts -> (k, d) vectors; default all-MiniLM-L6-v2 (stages.embed).
+    ``embedder`` (similarity only): texts -> (k, d) vectors; default all-MiniLM-L6-v2 (stages.credit.embed).
     """
     if canonicalize not in ("exact", "similarity"):
         raise GraftError(f"graph.canonicalize must be 'exact' or 'similarity', got {canonicalize!r}")

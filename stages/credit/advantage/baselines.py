@@ -21,7 +21,7 @@ from scipy.sparse.csgraph import dijkstra
 
 from schemas.config import AdvantageConfig
 from schemas.errors import GraftError
-from stages.advantage.registry import ESTIMATORS, CreditInputs, CreditOutput, register
+from stages.credit.advantage.registry import ESTIMATORS, CreditInputs, CreditOutput, register
 
 # The registered baseline names, in the order SPEC §4 lists them.
 BASELINES = ("grpo", "rloo", "gigpo", "salt", "graphgpo", "rtmc")

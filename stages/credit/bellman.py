@@ -13,7 +13,7 @@ nodes from which no end is reachable keep V = 0. Why "step" is the default: with
 backup, V(u) < 0 wherever success is rare (the invalid penalties of the future), so a valid action
 that leaves the state unchanged (a self-loop: look, inventory) has TD γV(u) − V(u) = −(1 − γ)V(u) > 0
 -- postponing future penalties is credited. The paper's Eq. 8 TD has no reward term; a step's own
-reward reaches that step's credit only (stages.advantage.graft).
+reward reaches that step's credit only (stages.credit.advantage.graft).
 
 Solver -- block Gauss-Seidel over reverse-BFS levels, all groups at once
 -----------------------------------------------------------------------

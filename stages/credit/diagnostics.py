@@ -21,7 +21,7 @@ non-empty type its steps carry.
 
 Implementation: every metric is an aggregate over integer codes -- per node (out-edges, ends, the
 edges leaving it), per edge (its src's propagation) or per group (sweeps, residual) of the global
-numbering ``stages.solve.index_graph`` builds -- so the overall rows are one ``select`` and the
+numbering ``stages.credit.bellman.index_graph`` builds -- so the overall rows are one ``select`` and the
 per-task-type rows one ``group_by`` over the type code of each row's group, without string joins.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from schemas.metrics import metrics_frame
-from stages.solve import GraphIndex, gather_ranges, index_graph
+from stages.credit.bellman import GraphIndex, gather_ranges, index_graph
 
 _GRAPH_NAMES = (
     "groups",
@@ -142,7 +142,7 @@ def solve_metrics(
 ) -> dict[str, float]:
     """Propagation degree distribution over steps and solver statistics (see the module docstring).
 
-    ``values`` as stages.solve.solve_values returns them (rows in the order of ``index.nodes``);
+    ``values`` as stages.credit.bellman.solve_values returns them (rows in the order of ``index.nodes``);
     ``index``: the graph the values were solved on (index_graph(nodes, edges)).
     """
     if values.height == 0:
