@@ -53,7 +53,7 @@ from stage_share import loop_seconds, markdown, stage_shares  # noqa: E402
 
 from graft_cli.commands.loop import resolve_loop_run  # noqa: E402
 from stages.loop import run_loop  # noqa: E402
-from stages.report import load_run_tables, training_curve  # noqa: E402
+from stages.observe.report import load_run_tables, training_curve  # noqa: E402
 
 VARIANTS: dict[str, list[str]] = {
     "graft": ["advantage.estimator=graft", "advantage.gae=graph"],
@@ -277,7 +277,7 @@ def eval_table(runs: dict[str, list[Path]]) -> str:
     s.e. of that run's episodes, ``stages.evaluate.success_standard_error``), the change last −
     initial paired by seed, the episodes per evaluation and the s.e. of one evaluation (the root mean
     square of the runs' binomial s.e. of the last evaluation: the eval's own sampling noise)."""
-    from stages.evaluate import success_standard_error
+    from stages.observe.report import success_standard_error
 
     lines = [
         "| variant | episodes per evaluation | eval success, initial | eval success, last (updates) "
@@ -334,7 +334,7 @@ def verdict(curves: dict[str, np.ndarray]) -> str:
 def per_seed_table(curves: dict[str, np.ndarray], runs: dict[str, list[Path]]) -> str:
     """Markdown: every run on its own row: AUC (mean training success over all iterations), mean of
     the last 5 iterations, and held-out success initial → last ± its binomial s.e. (episodes)."""
-    from stages.evaluate import success_standard_error
+    from stages.observe.report import success_standard_error
 
     lines = [
         "| variant | seed run | AUC | last 5 | held-out initial | held-out last ± s.e. (episodes) |",

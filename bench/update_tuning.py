@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from learning_bench import finished_iterations, run_jobs, run_variant, write_section  # noqa: E402
 
-from stages.report import load_run_tables, training_curve  # noqa: E402
+from stages.observe.report import load_run_tables, training_curve  # noqa: E402
 
 
 def warm_start(config: Path, out: Path, seed: int) -> Path:

@@ -16,7 +16,8 @@ and, when the environment labels splits and the episodes span several (ALFWorld 
 * ``episodes``: number of episodes.
 
 The standard error of a success rate is not a row: ``success_standard_error(success_rate, episodes)``
-derives it from the two (reports and benchmark tables print it beside the rate).
+(``stages.observe.report``) derives it from the two (reports and benchmark tables print it beside the
+rate).
 
 Where it goes: the checkpoint written by the update of iteration i → ``iter_i/eval.parquet``
 (iter = i); the initial policy → ``eval.parquet`` at the run root (iter = -1).
@@ -60,22 +61,6 @@ def episode_table(steps: pl.DataFrame, success_outcome: float) -> pl.DataFrame:
         .cast(pl.Float64)
         .alias("invalid"),
     )
-
-
-def success_standard_error(rate: float, episodes: float) -> float:
-    """Standard error of a success rate measured on ``episodes`` 0/1 episodes (pure).
-
-    The sample standard deviation of the episodes' successes over √n, ``s / √n`` with
-    ``s² = n p (1 − p) / (n − 1)``, i.e. ``√(p (1 − p) / (n − 1))``; NaN for fewer than 2 episodes.
-    It treats the episodes as independent draws on the fixed held-out tasks, so it is the noise of
-    replaying the same evaluation with other sampling seeds (the spread over other task sets is
-    larger where tasks differ in difficulty).
-    """
-    n = float(episodes)
-    if not n >= 2:
-        return float("nan")
-    p = min(max(float(rate), 0.0), 1.0)
-    return float(np.sqrt(p * (1.0 - p) / (n - 1.0)))
 
 
 def summary_rows(episodes: pl.DataFrame) -> pl.DataFrame:

@@ -15,7 +15,7 @@ checked against each other and recorded in ``iter_NNNN/manifest.json`` (schemas/
 first verifies every finished iteration against its manifest and refuses a changed one.
 
 After each finished iteration the loop applies checkpoint retention (``[checkpoint]``,
-``stages/update/retention.py``) and feeds the optional live logger (``[log]``, ``stages/live_log.py``).
+``stages/update/retention.py``) and feeds the optional live logger (``[log]``, ``stages/observe/live_log.py``).
 
 Timing of stages that already ran in an earlier (killed) process is kept in a small sidecar
 (``iter_NNNN/.loop_seconds.json``) so a resumed iteration still reports every stage.
@@ -53,7 +53,7 @@ from stages.cluster import check_executor
 from stages.credit import run_advantage, run_graph, run_solve
 from stages.envs.registry import make_environment
 from stages.evaluate import episode_table, run_eval, summary_rows
-from stages.live_log import TensorBoardLogger, open_logger
+from stages.observe.live_log import TensorBoardLogger, open_logger
 from stages.policy.live_engine import engine_released_for_update, release_engines
 from stages.rollout import run_rollout
 from stages.update.launch import loop_update

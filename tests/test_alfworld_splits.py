@@ -12,7 +12,7 @@ import pytest
 from schemas.errors import GraftError
 from stages.envs.registry import make_env
 from stages.evaluate import eval_rows
-from stages.report import RunTables, per_type_table
+from stages.observe.report import RunTables, per_type_table
 from tests.test_env_alfworld import DATA, _needs_alfworld
 
 

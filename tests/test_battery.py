@@ -218,7 +218,7 @@ def test_a_bad_log_dir_is_refused_before_the_run_exists(tmp_path):
 def test_a_relative_log_dir_is_taken_from_the_run_directory(tmp_path, monkeypatch):
     from schemas.config import load_config
     from schemas.rundir import Run
-    from stages.live_log import log_dir
+    from stages.observe.live_log import log_dir
 
     monkeypatch.chdir(tmp_path)
     config = load_config(None, ["log.dir=tb"])

@@ -18,7 +18,7 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run, create_run
 from stages.loop import run_loop
-from stages.progress import terminal_progress
+from stages.observe.progress import terminal_progress
 from tests.test_loop import CONFIGS, fake_runners
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_logging_is_off_by_default(tmp_path: Path) -> None:
 
 def test_missing_tensorboardx_refuses_the_start_before_the_run_exists(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import fails as if not installed
-    from stages.live_log import require_backend
+    from stages.observe.live_log import require_backend
 
     config = Config()
     config.log.tensorboard = True
@@ -197,7 +197,7 @@ def _runners_with_update_metrics() -> dict:
 
 
 def test_report_draws_the_update_panels(tmp_path: Path) -> None:
-    from stages.report import load_run_tables, update_curve
+    from stages.observe.report import load_run_tables, update_curve
 
     config = Config()
     config.run.eval_every = 0
@@ -218,7 +218,7 @@ def test_report_draws_the_update_panels(tmp_path: Path) -> None:
 
 
 def test_report_without_update_metrics_has_no_update_panels(tmp_path: Path) -> None:
-    from stages.report import write_report
+    from stages.observe.report import write_report
 
     config = Config()
     config.run.eval_every = 0
@@ -232,7 +232,7 @@ def test_report_without_update_metrics_has_no_update_panels(tmp_path: Path) -> N
 
 def test_a_kill_before_the_log_line_loses_no_scalars(tmp_path: Path, monkeypatch) -> None:
     # issue 28 item 4: a kill between an iteration's tables and its log line lost its scalars for good
-    import stages.live_log as live_log
+    import stages.observe.live_log as live_log
 
     config = Config()
     config.run.eval_every = 0
@@ -261,7 +261,7 @@ def test_scalars_are_on_disk_before_the_ledger_says_they_are_logged(tmp_path: Pa
 
     import tensorboardX.event_file_writer as event_file_writer
 
-    from stages.live_log import TensorBoardLogger
+    from stages.observe.live_log import TensorBoardLogger
 
     run = create_run(tmp_path / "r", Config())
     rows = {"iter": [0, 0], "checkpoint": ["iter_0000"] * 2, "name": ["success_rate", "mean_turns"]}

@@ -23,8 +23,9 @@ from schemas.errors import GraftError
 from schemas.integrity import CHECKPOINT_MARKER
 from schemas.rundir import STAGES, Run, create_run
 from stages.credit.synth import synth_steps
-from stages.evaluate import episode_table, eval_rows, output_path, success_standard_error, summary_rows
+from stages.evaluate import episode_table, eval_rows, output_path, summary_rows
 from stages.loop import eval_due, run_loop
+from stages.observe.report import success_standard_error
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -13,8 +13,8 @@ from graft_cli.app import app
 from schemas.config import Config
 from schemas.rundir import create_run
 from stages.loop import run_loop
-from stages.report import RunTables, load_run_tables, order_task_types, per_type_table, sparkline
-from stages.viz import bfs_depth, group_graph, layered_positions, render_html
+from stages.observe.report import RunTables, load_run_tables, order_task_types, per_type_table, sparkline
+from stages.observe.viz import bfs_depth, group_graph, layered_positions, render_html
 from tests.test_loop import fake_runners
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -131,7 +131,7 @@ def test_per_type_table_prints_the_standard_error_beside_held_out_success() -> N
 
 def test_success_summary_gives_held_out_success_with_its_standard_error(fake_run: Path) -> None:
     from schemas.rundir import open_run
-    from stages.report import success_summary
+    from stages.observe.report import success_summary
 
     evals = load_run_tables(open_run(fake_run)).eval.filter(pl.col("task_type").is_null())
     success = evals.filter(pl.col("name") == "success_rate").sort("x")["value"].to_list()
@@ -241,7 +241,7 @@ SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
 def test_html_view_separates_reverse_edges_and_their_labels() -> None:
-    from stages.viz import LABEL_CHAR_W, LABEL_H
+    from stages.observe.viz import LABEL_CHAR_W, LABEL_H
 
     root = _svg(render_html(_reciprocal_graph()))
     paths = [g.find(f"{SVG_NS}path").get("d") for g in root.iter(f"{SVG_NS}g") if g.get("class") == "edge"]
@@ -272,7 +272,7 @@ def test_html_view_arrowheads_do_not_scale_with_edge_width_and_a_legend_shows_va
 
 
 def test_edge_curves_bend_to_the_right_of_travel() -> None:
-    from stages.viz import bezier_point, edge_curve
+    from stages.observe.viz import bezier_point, edge_curve
 
     p0, p1, p2 = edge_curve((0.0, 0.0), (100.0, 0.0), radius=10.0)
     q0, q1, q2 = edge_curve((100.0, 0.0), (0.0, 0.0), radius=10.0)
@@ -289,7 +289,7 @@ def test_report_x_axis_has_integer_ticks_on_a_short_run(fake_run: Path, tmp_path
     import matplotlib.pyplot as plt
 
     from schemas.rundir import open_run
-    from stages.report import plot_curves
+    from stages.observe.report import plot_curves
 
     figures = []
     monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))

@@ -12,8 +12,8 @@ from schemas.rundir import create_run
 from stages.envs.base import Episode
 from stages.envs.registry import make_env
 from stages.evaluate import eval_rows
+from stages.observe.report import RunTables, per_type_table
 from stages.play.collect import _row, _Slot, _steps_frame, _Turn
-from stages.report import RunTables, per_type_table
 from stages.rollout.metrics import rollout_metrics
 
 
@@ -85,7 +85,7 @@ def test_partial_purchase_score_is_recorded_and_reported(tmp_path):
 
 def test_report_reads_the_env_of_a_run(tmp_path):
     from schemas.rundir import open_run
-    from stages.report import load_run_tables
+    from stages.observe.report import load_run_tables
 
     config = Config()
     config.env.name = "shop"

@@ -21,7 +21,7 @@ from schemas import TABLES, write_table
 from schemas.errors import GraftError
 from schemas.rundir import Run
 from stages.credit.synth import synth_steps
-from stages.sql import check_read_only, connect, private_temp_dir, run_query
+from stages.observe.sql import check_read_only, connect, private_temp_dir, run_query
 
 
 def _metrics(iteration: int, stage: str, names: list[str]) -> pl.DataFrame:

@@ -14,7 +14,7 @@ from schemas import write_table
 from schemas.errors import GraftError
 from stages import credit
 from stages.credit.synth import synth_steps
-from stages.sql import run_query
+from stages.observe.sql import run_query
 from tests.test_checksums import _data_region, _flip
 
 

@@ -108,7 +108,7 @@ def sql(
     from rich.table import Table
     from rich.text import Text
 
-    from stages.sql import run_query
+    from stages.observe.sql import run_query
 
     if fmt not in ("table", "csv", "json"):
         raise GraftError(f"--format '{fmt}': expected table, csv or json")

@@ -24,7 +24,7 @@ def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]
         config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
     else:
         config = load_config(config_path, overrides)
-    from stages.live_log import check_log_dir, require_backend
+    from stages.observe.live_log import check_log_dir, require_backend
     from stages.preflight import check_startable
 
     # refuse what cannot start (model directory, vLLM, CUDA, environment data, a missing optional
@@ -282,7 +282,7 @@ def register(app: typer.Typer) -> None:
                         soft_wrap=True,
                     )
                     return
-                from stages.report import success_summary, write_report
+                from stages.observe.report import success_summary, write_report
 
                 png, markdown, *_ = write_report([run.root])
         except GraftError:
@@ -338,7 +338,7 @@ def register(app: typer.Typer) -> None:
         out: str = typer.Option(None, "-o", "--out", help="Output folder (default <first run>/report)."),
     ) -> None:
         """Learning curves (PNG) and a per-task-type success table (Markdown)."""
-        from stages.report import write_report
+        from stages.observe.report import write_report
 
         for path in write_report(list(runs), out):
             typer.echo(str(path))
@@ -353,7 +353,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Draw one trajectory graph: nodes coloured by value, edges labelled with advantage."""
         from schemas.rundir import open_run
-        from stages.viz import write_viz
+        from stages.observe.viz import write_viz
 
         if fmt not in ("png", "svg"):
             raise GraftError(f"--format {fmt}: expected png or svg")

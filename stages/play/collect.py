@@ -13,9 +13,9 @@ import polars as pl
 from schemas.errors import GraftError
 from stages.envs.base import Environment, Episode, StepRecord, Task
 from stages.envs.prompts import episode_prompt
+from stages.observe.progress import terminal_progress
 from stages.policy.engine import STOP_STRINGS, PolicyEngine
 from stages.policy.sampling import choice_log_probs, derive_rng, derive_seed, sample_index
-from stages.progress import terminal_progress
 
 CHOOSE_PREFIX = "<action>"  # choose-mode model input ends with the action tag; the action follows it
 

@@ -36,9 +36,9 @@ from schemas.errors import GraftError
 from schemas.manifest import acting_checkpoint
 from schemas.metrics import metrics_frame
 from schemas.rundir import Run
+from stages.observe.progress import terminal_progress
 from stages.policy.adapters import is_adapter_dir, merged_model
 from stages.policy.sampling import derive_rng
-from stages.progress import terminal_progress
 from stages.update.batching import KEYS, UpdateRows, build_update_rows, join_steps_advantages
 from stages.update.checkpoint import (
     enable_gradient_checkpointing,

@@ -38,10 +38,10 @@ from schemas.errors import GraftError
 from schemas.integrity import checkpoint_complete
 from schemas.metrics import metrics_frame
 from schemas.rundir import Run
+from stages.observe.progress import terminal_progress
 from stages.play.collect import model_inputs
 from stages.policy.live_engine import live_engine
 from stages.policy.sampling import derive_rng
-from stages.progress import terminal_progress
 from stages.warmstart.dagger import dagger_round
 from stages.warmstart.demos import demo_summary, make_demo_environment, split_demos, split_tasks
 

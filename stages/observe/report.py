@@ -22,13 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from schemas import read_table
 from schemas.errors import GraftError
 from schemas.manifest import verify_finished
 from schemas.rundir import Run, open_run
-from stages.evaluate import success_standard_error
 
 # ALFWorld's subtask labels in the order of the paper's Table 1, with its column names; other task
 # types follow alphabetically under their own names.
@@ -51,6 +51,22 @@ UPDATE_PANELS = (
     ("clip_fraction", "clip fraction"),
     ("grad_norm", "grad norm (before clipping)"),
 )
+
+
+def success_standard_error(rate: float, episodes: float) -> float:
+    """Standard error of a success rate measured on ``episodes`` 0/1 episodes (pure).
+
+    The sample standard deviation of the episodes' successes over √n, ``s / √n`` with
+    ``s² = n p (1 − p) / (n − 1)``, i.e. ``√(p (1 − p) / (n − 1))``; NaN for fewer than 2 episodes.
+    It treats the episodes as independent draws on the fixed held-out tasks, so it is the noise of
+    replaying the same evaluation with other sampling seeds (the spread over other task sets is
+    larger where tasks differ in difficulty).
+    """
+    n = float(episodes)
+    if not n >= 2:
+        return float("nan")
+    p = min(max(float(rate), 0.0), 1.0)
+    return float(np.sqrt(p * (1.0 - p) / (n - 1.0)))
 
 
 @dataclass(frozen=True)
@@ -170,8 +186,8 @@ def per_type_table(tables: list[RunTables]) -> str:
     """A Markdown table like the paper's Table 1: success % per task type and All, last evaluation
     (plus Score %, the mean task score, for ``shop`` runs and wherever it differs from success).
 
-    The All cell carries the standard error of the overall success (``stages.evaluate.
-    success_standard_error``, in points) and the Episodes column the number of episodes behind it.
+    The All cell carries the standard error of the overall success (``success_standard_error``, in
+    points) and the Episodes column the number of episodes behind it.
     A run without evaluations falls back to its last training rollout (marked ``(train)``).
     Cells of types a run never saw are ``–``.
     """
