@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stage_share import loop_seconds, markdown, stage_shares  # noqa: E402
 
-from graft_cli.commands.loop import resolve_loop_run  # noqa: E402
 from stages.loop import run_loop  # noqa: E402
+from stages.loop.start import resolve_loop_run  # noqa: E402
 from stages.observe.report import load_run_tables, training_curve  # noqa: E402
 
 VARIANTS: dict[str, list[str]] = {

@@ -36,7 +36,7 @@ def warm_start(config: Path, out: Path, seed: int) -> Path:
     """``<out>/warm-s<seed>``: a run directory holding only the seed's warm start (model/, sft/)."""
     import torch
 
-    from graft_cli.commands.loop import resolve_loop_run
+    from stages.loop.start import resolve_loop_run
     from stages.warmstart.initial import ensure_initial_model
 
     torch.set_num_threads(1)

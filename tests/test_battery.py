@@ -248,7 +248,7 @@ def test_a_prompt_and_response_budget_over_the_models_context_is_refused(tmp_pat
     import json
 
     from schemas.config import load_config
-    from stages.preflight import check_context
+    from stages.loop.preflight import check_context
 
     line, run = _loop_start(tmp_path, "rollout.max_prompt_tokens=4000", "rollout.max_new_tokens=200")
     assert "= 4200 exceeds the model's context of 4096 positions" in line

@@ -71,7 +71,7 @@ def test_graft_cli_holds_only_the_app_and_its_commands() -> None:
 
 
 def test_the_loop_names_its_stages_directly() -> None:
-    source = (ROOT / "stages" / "loop.py").read_text()
+    source = (ROOT / "stages" / "loop" / "runner.py").read_text()
     assert "importlib" not in source and "KILL_AT" not in source and "os.kill" not in source
     from stages import credit, evaluate, rollout
     from stages.loop import STAGE_RUNNERS

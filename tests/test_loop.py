@@ -290,7 +290,7 @@ def test_paper_values_in_configs() -> None:
 
 
 def test_changed_config_is_refused_but_iters_is_not_a_change(tmp_path: Path, monkeypatch) -> None:
-    from graft_cli.commands.loop import resolve_loop_run
+    from stages.loop.start import resolve_loop_run
 
     run_dir = str(tmp_path / "r")
     cfg_path = CONFIGS / "quickstart.toml"

@@ -307,7 +307,7 @@ def test_d_executor_flag_errors_are_one_line_and_write_nothing(
 
 
 def test_d_the_executor_is_bookkeeping_a_resumed_run_may_switch_it(tmp_path: Path) -> None:
-    from graft_cli.commands.loop import open_loop_run
+    from stages.loop.start import open_loop_run
 
     config = load_config(CONFIGS / "quickstart.toml")
     open_loop_run(tmp_path / "run", config, 0, force=False)

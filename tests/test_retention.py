@@ -70,7 +70,7 @@ def test_no_retention_by_default(tmp_path: Path) -> None:
 
 
 def test_changing_retention_is_not_a_config_change(tmp_path: Path) -> None:
-    from graft_cli.commands.loop import resolve_loop_run
+    from stages.loop.start import resolve_loop_run
 
     cfg = str(CONFIGS / "quickstart.toml")
     run, _, _ = resolve_loop_run(cfg, str(tmp_path / "r"), [], 0, False)

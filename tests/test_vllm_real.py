@@ -257,7 +257,7 @@ def test_a_release_is_a_no_op_on_cpu(engine) -> None:
 def test_a_head_size_vllm_cannot_serve_is_refused_before_the_run_starts(tmp_path) -> None:
     from schemas.config import load_config
     from schemas.errors import GraftError
-    from stages.preflight import check_vllm
+    from stages.loop.preflight import check_vllm
 
     config = load_config(ROOT / "configs" / "quickstart.toml", ["rollout.engine=vllm", "model.tiny_heads=4"])
     with pytest.raises(GraftError, match=r"head size 16 .*model.tiny_heads=2"):
