@@ -16,12 +16,12 @@ from schemas.errors import GraftError
 from schemas.rundir import create_run, open_run
 from stages.envs.parser import parse_response
 from stages.envs.registry import make_env
+from stages.update.batching import minibatch_schedule
 from stages.warmstart.demos import demo_summary, expert_demos, inadmissible_action
 from stages.warmstart.sft import (
     Example,
     collate,
     lr_factor,
-    minibatch_order,
     response_loss,
     sft_examples,
     train_sft,
@@ -340,8 +340,8 @@ def test_train_sft_steps_at_the_scheduled_learning_rates(tmp_path: Path) -> None
     assert seen == pytest.approx([1e-2 * lr_factor(s, len(losses), "cosine", 2) for s in range(len(losses))])
 
 
-def test_minibatch_order_covers_every_row_once_per_epoch() -> None:
-    batches = minibatch_order(10, 4, 3, np.random.default_rng(1))
+def test_the_warm_starts_minibatches_cover_every_row_once_per_epoch() -> None:
+    batches = minibatch_schedule(10, 4, 3, np.random.default_rng(1))  # what train_sft steps through
     assert [len(b) for b in batches] == [4, 4, 2] * 3
     for epoch in range(3):
         assert sorted(np.concatenate(batches[3 * epoch : 3 * epoch + 3]).tolist()) == list(range(10))

@@ -21,7 +21,6 @@ killed midway is redone from the start, which gives identical weights (CPU, same
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +41,8 @@ from stages.observe.progress import terminal_progress
 from stages.play.collect import model_inputs
 from stages.policy.live_engine import live_engine
 from stages.policy.sampling import derive_rng
+from stages.update.batching import minibatch_schedule
+from stages.update.trainer import bf16_autocast
 from stages.warmstart.dagger import dagger_round
 from stages.warmstart.demos import demo_summary, make_demo_environment, split_demos, split_tasks
 
@@ -144,15 +145,6 @@ TINY_SFT_LR = 3e-3
 PRETRAINED_SFT_LR = 5e-5
 
 
-def minibatch_order(n: int, batch_size: int, epochs: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Row indices of every optimizer step: ``epochs`` seeded permutations cut into minibatches."""
-    batches = []
-    for _ in range(epochs):
-        order = rng.permutation(n)
-        batches += [order[i : i + batch_size] for i in range(0, n, batch_size)]
-    return batches
-
-
 def lr_factor(step: int, total: int, schedule: str, warmup_steps: int) -> float:
     """Multiplier of the base learning rate at optimizer step ``step`` (0-based) of a phase of
     ``total`` steps: a linear warm-up over the first ``warmup_steps`` steps ((step + 1) / warmup),
@@ -192,16 +184,11 @@ def train_sft(
     minibatch is split into micro-batches of at most ``max_tokens`` padded tokens whose gradients add
     up to the minibatch's token-mean loss (the same step as one pass); bf16 autocast on a GPU."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = minibatch_order(len(examples), batch_size, epochs, rng)
+    schedule = minibatch_schedule(len(examples), batch_size, epochs, rng)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, len(schedule), lr_schedule, warmup_steps)
     )
     device = next(model.parameters()).device
-    cast = (
-        torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-        if device.type == "cuda" and bf16
-        else contextlib.nullcontext()
-    )
     model.train()
     losses = []
     for step, rows in enumerate(schedule):
@@ -210,7 +197,7 @@ def train_sft(
         total_tokens = sum(len(examples[i].response_ids) for i in rows)
         step_loss = 0.0
         for part in parts:
-            with cast:
+            with bf16_autocast(device, bf16):
                 loss_sum, _ = response_token_loss(model, collate([examples[i] for i in part], pad_id))
             loss = loss_sum / max(total_tokens, 1)
             if not torch.isfinite(loss):
