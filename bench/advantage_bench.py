@@ -161,7 +161,7 @@ def worker_reference(steps_count: int) -> dict:
     from stages.credit.advantage.graft import graft_credit, node_values
     from stages.credit.bellman import index_graph, solve_values
     from stages.credit.trajectory_graph import build_graph
-    from tests.reference_graft import reference_advantages, reference_graph, reference_values
+    from tests.helpers.reference_graft import reference_advantages, reference_graph, reference_values
 
     steps = _synth(steps_count, seed=2)
     rows = steps.to_dicts()

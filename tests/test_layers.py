@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import REPO
+
+ROOT = REPO
 # what each layer may import from the project's own packages
 ALLOWED = {
     "schemas": {"schemas"},
