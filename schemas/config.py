@@ -239,7 +239,7 @@ class SftConfig:
     max_tokens_per_batch: int = 16384  # padded tokens per forward pass (micro-batches add up to a step)
     tasks: int = 0  # tasks the demos and DAgger rounds play; 0 = the split's task count
     env_options: dict[str, Any] = field(default_factory=dict)  # over env.options for the demos' environment
-    dagger_rounds: int = 0  # DAgger rounds after cloning the demos (stages.dagger); 0 = plain cloning
+    dagger_rounds: int = 0  # DAgger rounds after cloning the demos (warmstart/dagger.py); 0 = plain cloning
     dagger_episodes: int = 32  # episodes the clone plays per round (round-robin over the split's tasks)
     dagger_epochs: int = 2  # epochs over all examples so far after each round
     dagger_keep: float = 0.0  # probability that a valid played turn keeps the clone's action as label

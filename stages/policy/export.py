@@ -3,7 +3,7 @@
 A full checkpoint is copied without graft's trainer state and marker; a LoRA checkpoint is merged
 into its base first (stages/policy/adapters.py). The result loads with
 ``AutoModelForCausalLM.from_pretrained(DIR)`` and with vLLM, and acts exactly like the checkpoint does
-in graft's own rollouts (tests/test_lora.py compares log-probs).
+in graft's own rollouts (tests/update/test_lora.py compares log-probs).
 """
 
 from __future__ import annotations

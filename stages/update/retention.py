@@ -15,7 +15,7 @@ iteration, only
 and drops the optimizer state (``trainer_state/``) from all but the newest: only the next update
 restores it. The marker of such a checkpoint is rewritten without those files first, so every kept
 checkpoint still verifies against its checksums. Pruned checkpoints are never read again, so a run with retention ends with the same
-tables as one without (tested in tests/test_retention.py).
+tables as one without (tested in tests/update/test_retention.py).
 """
 
 from __future__ import annotations

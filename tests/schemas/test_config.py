@@ -1,4 +1,4 @@
-"""graft_cli/config.py: typed TOML configs, unknown keys, --set overrides, defaults."""
+"""schemas/config.py: typed TOML configs, unknown keys, --set overrides, defaults."""
 
 from __future__ import annotations
 

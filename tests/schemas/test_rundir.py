@@ -1,4 +1,4 @@
-"""graft_cli/rundir.py: create / reopen / refuse a changed config / force; stage completeness."""
+"""schemas/rundir.py: create / reopen / refuse a changed config / force; stage completeness."""
 
 from __future__ import annotations
 
