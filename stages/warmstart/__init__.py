@@ -1,4 +1,4 @@
-"""The warm start and the initial policy (SPEC §6): expert demos (``demos``), behaviour cloning
+"""The warm start and the initial policy: expert demos (``demos``), behaviour cloning
 (``sft``), DAgger rounds (``dagger``), and the policy of iteration 0 they make (``initial``).
 
 Modules: ``demos`` (the scripted expert plays into a steps table), ``sft`` (behaviour cloning of the
