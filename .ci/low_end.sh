@@ -15,6 +15,6 @@ python -m venv "$venv"
 "$venv/bin/python" -c "import transformers, vllm; print('ci: low end: transformers', transformers.__version__, 'vllm', vllm.__version__)"
 export VLLM_CPU_KVCACHE_SPACE=1  # GiB of KV cache per engine (vLLM would take a share of the RAM)
 "$venv/bin/python" -m pytest -p no:cacheprovider \
-    tests/test_vllm_real.py \
-    tests/test_update_last_layer.py tests/test_update_trainer.py tests/test_update_loss.py \
-    tests/test_lora.py tests/test_tiny_model.py tests/test_hf_engine.py tests/test_torch_extensions.py
+    tests/policy/test_vllm_real.py \
+    tests/update/test_update_last_layer.py tests/update/test_update_trainer.py tests/update/test_update_loss.py \
+    tests/update/test_lora.py tests/policy/test_tiny_model.py tests/policy/test_hf_engine.py tests/policy/test_torch_extensions.py

@@ -50,7 +50,7 @@ def _maxrss_mib() -> float:
 
 
 def _synth(steps: int, seed: int):
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     groups = max(1, round(steps / STEPS_PER_GROUP))
     return synth_steps(groups=groups, seed=seed, **SYNTH)
@@ -75,9 +75,9 @@ def worker_make(path: str, steps: int) -> dict:
 def worker_pipeline(path: str, out: str) -> dict:
     from schemas import read_table, validate_steps, write_table
     from schemas.config import AdvantageConfig
-    from stages.advantage.compute import compute_advantages
-    from stages.graph import build_graph
-    from stages.solve import index_graph, solve_values
+    from stages.credit.advantage.compute import compute_advantages
+    from stages.credit.bellman import index_graph, solve_values
+    from stages.credit.trajectory_graph import build_graph
 
     t: dict[str, float] = {}
     cpu: dict[str, float] = {}
@@ -157,10 +157,10 @@ def worker_cli(path: str, out: str) -> dict:
 def worker_reference(steps_count: int) -> dict:
     import numpy as np
 
-    from stages.advantage.graft import graft_credit, node_values
-    from stages.graph import build_graph
-    from stages.solve import index_graph, solve_values
-    from tests.reference_graft import reference_advantages, reference_graph, reference_values
+    from stages.credit.advantage.graft import graft_credit, node_values
+    from stages.credit.bellman import index_graph, solve_values
+    from stages.credit.trajectory_graph import build_graph
+    from tests.helpers.reference_graft import reference_advantages, reference_graph, reference_values
 
     steps = _synth(steps_count, seed=2)
     rows = steps.to_dicts()
@@ -204,9 +204,9 @@ def worker_similarity(groups: int) -> dict:
     import numpy as np
     import polars as pl
 
-    from stages.embed import SentenceEncoder
-    from stages.graph import build_graph
-    from stages.synth import synth_steps
+    from stages.credit.embed import SentenceEncoder
+    from stages.credit.synth import synth_steps
+    from stages.credit.trajectory_graph import build_graph
 
     steps = synth_steps(groups=groups, seed=3, **SYNTH)
 

@@ -26,7 +26,8 @@ sys.path.insert(0, str(REPO))
 
 from schemas.config import load_config  # noqa: E402
 from schemas.rundir import create_run  # noqa: E402
-from stages.rollout import ensure_initial_model, run_rollout  # noqa: E402
+from stages.rollout import run_rollout  # noqa: E402
+from stages.warmstart.initial import ensure_initial_model  # noqa: E402
 
 SCOPES = ("all", "group")
 

@@ -57,8 +57,8 @@ def main() -> None:
     from schemas.config import load_config
     from schemas.rundir import create_run
     from stages.policy.gguf_import import cached_gguf_model, default_cache
+    from stages.policy.live_engine import live_engine as make_engine
     from stages.rollout import run_rollout
-    from stages.rollout.from_config import make_engine
 
     torch.set_num_threads(1)
     model = cached_gguf_model("smollm2", default_cache())

@@ -38,10 +38,10 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
-    from stages.advantage.graft import graft_credit, node_values
-    from stages.graph import build_graph
-    from stages.solve import index_graph, solve_values
-    from stages.synth import synth_steps
+    from stages.credit.advantage.graft import graft_credit, node_values
+    from stages.credit.bellman import index_graph, solve_values
+    from stages.credit.synth import synth_steps
+    from stages.credit.trajectory_graph import build_graph
 
     steps = synth_steps(groups=max(1, round(args.steps / STEPS_PER_GROUP)), seed=1, **SYNTH)
     t0 = time.perf_counter()

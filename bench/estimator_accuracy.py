@@ -29,11 +29,11 @@ import polars as pl
 from scipy.stats import spearmanr
 
 from schemas.config import AdvantageConfig
-from stages.advantage.baselines import unnormalized_credit
-from stages.advantage.registry import CreditInputs, get_estimator
-from stages.graph import build_graph
-from stages.solve import solve_values
-from stages.synth import synth_steps
+from stages.credit.advantage.baselines import unnormalized_credit
+from stages.credit.advantage.registry import CreditInputs, get_estimator
+from stages.credit.bellman import solve_values
+from stages.credit.synth import synth_steps
+from stages.credit.trajectory_graph import build_graph
 
 SECTION = "## Estimator accuracy (Proposition 1)"
 GROUP_SIZES = (4, 8, 16)

@@ -36,8 +36,11 @@ sys.path.insert(0, str(REPO))
 
 from schemas import validate_steps  # noqa: E402
 from schemas.config import load_config  # noqa: E402
-from stages.policy.engine import EngineOptions, make_engine  # noqa: E402
-from stages.rollout import build_tiny_for_config, collect_groups, iteration_groups, make_environment  # noqa: E402
+from stages.envs.registry import make_environment  # noqa: E402
+from stages.policy.engine import EngineOptions  # noqa: E402
+from stages.policy.live_engine import build_engine as make_engine  # noqa: E402
+from stages.rollout import collect_groups, iteration_groups  # noqa: E402
+from stages.warmstart.initial import build_tiny_for_config  # noqa: E402
 
 
 def logprob_gap(model, steps, rows: int = 16) -> float:
@@ -124,7 +127,7 @@ def main() -> None:
                 print(json.dumps(result))
             if name != "hf":
                 engine.close()
-        from stages.rollout import release_engines
+        from stages.policy.live_engine import release_engines
 
         del reference
         release_engines()

@@ -50,9 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stage_share import loop_seconds, markdown, stage_shares  # noqa: E402
 
-from graft_cli.commands.loop import resolve_loop_run  # noqa: E402
 from stages.loop import run_loop  # noqa: E402
-from stages.report import load_run_tables, training_curve  # noqa: E402
+from stages.loop.start import resolve_loop_run  # noqa: E402
+from stages.observe.report import load_run_tables, training_curve  # noqa: E402
 
 VARIANTS: dict[str, list[str]] = {
     "graft": ["advantage.estimator=graft", "advantage.gae=graph"],
@@ -106,7 +106,7 @@ def share_warm_start(run_dir: Path, donors: list[Path]) -> None:
     """Copy a finished warm start (``model/``, ``sft/``) of a run of the same seed into ``run_dir``."""
     import shutil
 
-    from schemas.rundir import checkpoint_complete
+    from schemas.integrity import checkpoint_complete
 
     if (run_dir / "sft").exists():
         return
@@ -276,7 +276,7 @@ def eval_table(runs: dict[str, list[Path]]) -> str:
     s.e. of that run's episodes, ``stages.evaluate.success_standard_error``), the change last −
     initial paired by seed, the episodes per evaluation and the s.e. of one evaluation (the root mean
     square of the runs' binomial s.e. of the last evaluation: the eval's own sampling noise)."""
-    from stages.evaluate import success_standard_error
+    from stages.observe.report import success_standard_error
 
     lines = [
         "| variant | episodes per evaluation | eval success, initial | eval success, last (updates) "
@@ -333,7 +333,7 @@ def verdict(curves: dict[str, np.ndarray]) -> str:
 def per_seed_table(curves: dict[str, np.ndarray], runs: dict[str, list[Path]]) -> str:
     """Markdown: every run on its own row: AUC (mean training success over all iterations), mean of
     the last 5 iterations, and held-out success initial → last ± its binomial s.e. (episodes)."""
-    from stages.evaluate import success_standard_error
+    from stages.observe.report import success_standard_error
 
     lines = [
         "| variant | seed run | AUC | last 5 | held-out initial | held-out last ± s.e. (episodes) |",
@@ -624,7 +624,7 @@ def step_effects(run_dir: Path) -> pl.DataFrame:
     0: neither, e.g. an invalid or an information action). Trajectories are replayed from their task."""
     from schemas.rundir import open_run
     from stages.envs.base import Episode
-    from stages.rollout import make_environment
+    from stages.envs.registry import make_environment
 
     run = open_run(run_dir)
     config = run.load_config()
@@ -799,7 +799,7 @@ def main() -> None:
         )
         ready = set()
         if args.warm_from:  # seeds whose warm start is already there need no first run to make it
-            from schemas.rundir import checkpoint_complete
+            from schemas.integrity import checkpoint_complete
 
             ready = {
                 s

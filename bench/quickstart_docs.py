@@ -77,11 +77,11 @@ def run_numbers(run_dir: Path) -> dict[str, float]:
     import polars as pl
 
     from schemas.rundir import open_run
-    from stages.report import load_run_tables, training_curve
+    from stages.observe.report import load_run_tables, training_curve
 
     tables = load_run_tables(open_run(run_dir))
     curve = training_curve(tables.metrics, "success_rate")["value"].to_list()
-    from stages.evaluate import success_standard_error
+    from stages.observe.report import success_standard_error
 
     overall = tables.eval.filter(pl.col("task_type").is_null())
     ev = overall.filter(pl.col("name") == "success_rate").sort("x")

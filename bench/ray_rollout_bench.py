@@ -31,7 +31,8 @@ import ray
 from schemas.config import load_config
 from schemas.rundir import create_run
 from stages.cluster.ray_executor import RayRolloutPool, worker_runtime_env
-from stages.rollout import ensure_initial_model, run_rollout
+from stages.rollout import run_rollout
+from stages.warmstart.initial import ensure_initial_model
 
 REPO = Path(__file__).resolve().parents[1]
 

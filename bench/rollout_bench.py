@@ -25,9 +25,12 @@ import polars as pl
 import torch
 
 from schemas.config import load_config
+from stages.envs.registry import make_environment
 from stages.policy.choice import score_choices_batch
-from stages.policy.engine import EngineOptions, make_engine
-from stages.rollout import build_tiny_for_config, collect_groups, iteration_groups, make_environment
+from stages.policy.engine import EngineOptions
+from stages.policy.live_engine import build_engine as make_engine
+from stages.rollout import collect_groups, iteration_groups
+from stages.warmstart.initial import build_tiny_for_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -179,7 +179,7 @@ def main() -> None:
     args = parser.parse_args()
     variants = (True,) if args.after_only else (False, True)
     torch.set_num_threads(1)
-    from stages.rollout import build_tiny_for_config
+    from stages.warmstart.initial import build_tiny_for_config
 
     config = load_config(REPO / "configs" / "quickstart.toml")
     with tempfile.TemporaryDirectory() as tmp:

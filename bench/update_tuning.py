@@ -30,15 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning_bench import finished_iterations, run_jobs, run_variant  # noqa: E402
 from section_writer import RESULTS, write_section  # noqa: E402
 
-from stages.report import load_run_tables, training_curve  # noqa: E402
+from stages.observe.report import load_run_tables, training_curve  # noqa: E402
 
 
 def warm_start(config: Path, out: Path, seed: int) -> Path:
     """``<out>/warm-s<seed>``: a run directory holding only the seed's warm start (model/, sft/)."""
     import torch
 
-    from graft_cli.commands.loop import resolve_loop_run
-    from stages.rollout import ensure_initial_model
+    from stages.loop.start import resolve_loop_run
+    from stages.warmstart.initial import ensure_initial_model
 
     torch.set_num_threads(1)
     run_dir = out / f"warm-s{seed}"

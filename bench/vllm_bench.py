@@ -29,11 +29,13 @@ import torch
 import stages  # noqa: F401  (first: hides torch extensions built for another torch)
 from schemas.config import load_config
 from schemas.errors import GraftError
+from stages.envs.registry import make_environment
+from stages.play.collect import model_inputs
 from stages.policy.engine import EngineOptions
 from stages.policy.hf_engine import HFEngine
 from stages.policy.vllm_engine import VLLMEngine
-from stages.rollout import build_tiny_for_config, iteration_groups, make_environment
-from stages.rollout.collect import model_inputs
+from stages.rollout import iteration_groups
+from stages.warmstart.initial import build_tiny_for_config
 
 REPO = Path(__file__).resolve().parents[1]
 

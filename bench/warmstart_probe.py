@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from graft_cli.commands.loop import resolve_loop_run  # noqa: E402
 from schemas import read_table  # noqa: E402
 from stages.loop import STAGE_RUNNERS  # noqa: E402
-from stages.rollout.from_config import ensure_initial_model  # noqa: E402
+from stages.loop.start import resolve_loop_run  # noqa: E402
+from stages.warmstart.initial import ensure_initial_model  # noqa: E402
 
 
 def main() -> None:

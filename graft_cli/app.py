@@ -7,7 +7,6 @@ the traceback instead.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import warnings
 
@@ -15,9 +14,11 @@ import click
 import typer
 from typer.core import TyperGroup, TyperOption
 
+from graft_cli.commands import credit, envs, foundation, loop, rollout, update, warmstart
 from schemas.errors import GraftError, GraftWarning
 
-COMMAND_MODULES = ("foundation", "credit", "envs", "warmstart", "rollout", "update", "loop")
+# the command groups in the order graft --help lists them
+COMMAND_MODULES = (foundation, credit, envs, warmstart, rollout, update, loop)
 
 
 class _GraftGroup(TyperGroup):
@@ -136,8 +137,8 @@ def _main(
     ctx.obj = {"debug": debug}
 
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(f"graft_cli.commands.{_name}").register(app)
+for _commands in COMMAND_MODULES:
+    _commands.register(app)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]

@@ -71,9 +71,8 @@ class EnvConfig:
     train_tasks: int = setting(16, DEFAULT)  # size of the training task set (split "train")
     eval_tasks: int = setting(16, DEFAULT)  # size of the held-out task set (split "eval")
     invalid_penalty: float = setting(-0.1, PAPER)
-    data: str = setting(
-        "", DEFAULT
-    )  # data root for environments that need one (alfworld, search); "" = env default
+    # data root for environments that need one (alfworld, search); "" = env default
+    data: str = setting("", DEFAULT)
     options: dict[str, Any] = setting({}, DEFAULT)
 
 
@@ -90,12 +89,10 @@ class ModelConfig:
     # environment's own default (household 150, others DEFAULT_TINY_VOCAB_TASKS)
     tiny_vocab_tasks: int = setting(0, DEFAULT)
     trust_remote_code: bool = setting(False, DEFAULT)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
-        "auto", DEFAULT
-    )  # auto = float32 on CPU, bf16 on GPU
-    prompt_format: Literal["auto", "raw", "chat"] = setting(
-        "auto", DEFAULT
-    )  # auto: raw for the tiny model, else chat template
+    # auto = float32 on CPU, bf16 on GPU
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting("auto", DEFAULT)
+    # auto: raw for the tiny model, else chat template
+    prompt_format: Literal["auto", "raw", "chat"] = setting("auto", DEFAULT)
 
 
 @dataclass
@@ -115,9 +112,8 @@ class RolloutConfig:
     # only those of one group, so a row's log-probs do not depend on which other groups share the
     # process: steps tables then byte-identical under --shard and the Ray executor (docs/scaling.md)
     batch_scope: Literal["all", "group"] = setting("all", DEFAULT)
-    max_env_errors: int = setting(
-        8, DEFAULT
-    )  # environment exceptions tolerated per iteration before aborting
+    # environment exceptions tolerated per iteration before aborting
+    max_env_errors: int = setting(8, DEFAULT)
     # engine-specific settings, checked against ENGINE_OPTIONS below (hf: token_budget, logit_budget;
     # vllm: reload, lora, dtype, enforce_eager, kv_cache_gib, gpu_memory_utilization,
     # tensor_parallel_size, max_model_len; docs/rollout.md)
@@ -228,9 +224,8 @@ class UpdateConfig:
     # old (behaviour) log-probs of token rows: "auto" = stored ones when the rollout engine is the
     # training engine and the rows come from the policy being trained, else recomputed before step 1
     old_logprobs: Literal["auto", "recompute", "stored"] = setting("auto", DEFAULT)
-    parallel: Literal["ddp", "fsdp"] = setting(
-        "ddp", DEFAULT
-    )  # under torchrun: replicate (DDP) or shard (FSDP2)
+    # under torchrun: replicate (DDP) or shard (FSDP2)
+    parallel: Literal["ddp", "fsdp"] = setting("ddp", DEFAULT)
     # recompute each decoder layer's activations in the backward pass (less memory, ~1/3 more compute)
     gradient_checkpointing: bool = setting(False, DEFAULT)
     # the trained weights (and so their gradients and AdamW moments): float32, or bfloat16 for half the
@@ -248,9 +243,8 @@ class EvalConfig:
 
     temperature: float = setting(0.4, PAPER)
     group_size: int = setting(1, DEFAULT)
-    initial: bool = setting(
-        True, DEFAULT
-    )  # also evaluate the initial policy once (<run>/eval.parquet, iter -1)
+    # also evaluate the initial policy once (<run>/eval.parquet, iter -1)
+    initial: bool = setting(True, DEFAULT)
 
 
 @dataclass
@@ -262,63 +256,51 @@ class SftConfig:
 
     enabled: bool = setting(False, DEFAULT)
     episodes: int = setting(64, DEFAULT)  # expert episodes, round-robin over the split's task set
-    noise: float = setting(
-        0.0, DEFAULT
-    )  # probability that a demo turn takes a random admissible action instead
-    invalid_noise: float = setting(
-        0.0, DEFAULT
-    )  # probability that another turn executes an inadmissible action
-    keep_noise: float = setting(
-        0.0, DEFAULT
-    )  # probability that a random turn is labelled with its own action (not DART)
+    # probability that a demo turn takes a random admissible action instead
+    noise: float = setting(0.0, DEFAULT)
+    # probability that another turn executes an inadmissible action
+    invalid_noise: float = setting(0.0, DEFAULT)
+    # probability that a random turn is labelled with its own action (not DART)
+    keep_noise: float = setting(0.0, DEFAULT)
     split: Literal["train", "eval"] = setting("train", DEFAULT)  # task set the demos are played on
-    think: Literal["verb", "situation"] = setting(
-        "verb", DEFAULT
-    )  # the demos' <think>: the action's verb, or the situation
+    # the demos' <think>: the action's verb, or the situation
+    think: Literal["verb", "situation"] = setting("verb", DEFAULT)
     epochs: int = setting(2, DEFAULT)
     # 0 = by the kind of model: 3e-3 for the tiny model trained from scratch, 5e-5 for a pretrained one
     lr: float = setting(0.0, DEFAULT)
-    lr_schedule: Literal["constant", "cosine"] = setting(
-        "constant", DEFAULT
-    )  # per training phase (demos, each DAgger round)
+    # per training phase (demos, each DAgger round)
+    lr_schedule: Literal["constant", "cosine"] = setting("constant", DEFAULT)
     warmup_steps: int = setting(0, DEFAULT)  # linear warm-up at the start of every training phase
     batch_size: int = setting(32, DEFAULT)  # demo rows per optimizer step
-    max_tokens_per_batch: int = setting(
-        16384, DEFAULT
-    )  # padded tokens per forward pass (micro-batches add up to a step)
+    # padded tokens per forward pass (micro-batches add up to a step)
+    max_tokens_per_batch: int = setting(16384, DEFAULT)
     tasks: int = setting(0, DEFAULT)  # tasks the demos and DAgger rounds play; 0 = the split's task count
     env_options: dict[str, Any] = setting({}, DEFAULT)  # over env.options for the demos' environment
-    dagger_rounds: int = setting(
-        0, DEFAULT
-    )  # DAgger rounds after cloning the demos (stages.dagger); 0 = plain cloning
-    dagger_episodes: int = setting(
-        32, DEFAULT
-    )  # episodes the clone plays per round (round-robin over the split's tasks)
+    # DAgger rounds after cloning the demos (warmstart/dagger.py); 0 = plain cloning
+    dagger_rounds: int = setting(0, DEFAULT)
+    # episodes the clone plays per round (round-robin over the split's tasks)
+    dagger_episodes: int = setting(32, DEFAULT)
     dagger_epochs: int = setting(2, DEFAULT)  # epochs over all examples so far after each round
-    dagger_keep: float = setting(
-        0.0, DEFAULT
-    )  # probability that a valid played turn keeps the clone's action as label
+    # probability that a valid played turn keeps the clone's action as label
+    dagger_keep: float = setting(0.0, DEFAULT)
 
 
 @dataclass
 class CheckpointConfig:
     """Checkpoint retention (docs/loop.md "Checkpoint retention"); never changes what a run computes."""
 
-    keep_last: int = setting(
-        0, DEFAULT
-    )  # 0 = keep every checkpoint; N >= 1 = the N newest (+ keep_every, evaluated ones)
-    keep_every: int = setting(
-        0, DEFAULT
-    )  # with keep_last: also the checkpoint after every keep_every-th update; 0 = none
+    # 0 = keep every checkpoint; N >= 1 = the N newest (+ keep_every, evaluated ones)
+    keep_last: int = setting(0, DEFAULT)
+    # with keep_last: also the checkpoint after every keep_every-th update; 0 = none
+    keep_every: int = setting(0, DEFAULT)
 
 
 @dataclass
 class LogConfig:
     """Live logging of the metrics rows every stage writes (docs/loop.md "Live logging"); off by default."""
 
-    tensorboard: bool = setting(
-        False, DEFAULT
-    )  # TensorBoard event files (needs the [log] extra: tensorboardX)
+    # TensorBoard event files (needs the [log] extra: tensorboardX)
+    tensorboard: bool = setting(False, DEFAULT)
     dir: str = setting("", DEFAULT)  # "" = <run>/tensorboard; a relative path is taken from the run directory
 
 
@@ -327,15 +309,13 @@ class ClusterConfig:
     """Where the loop's rollout runs (SPEC §12, docs/scaling.md "The Ray executor"); like ``[checkpoint]``
     and ``[log]`` it never changes what a run computes, so a resumed run may switch executors."""
 
-    executor: Literal["local", "ray"] = setting(
-        "local", DEFAULT
-    )  # ray: rollout groups on a pool of Ray actors
+    # ray: rollout groups on a pool of Ray actors
+    executor: Literal["local", "ray"] = setting("local", DEFAULT)
     # "" = ray.init()'s default (a new local Ray, or the cluster RAY_ADDRESS names); "auto" = the
     # cluster this node joined with `ray start`; HOST:PORT or ray://HOST:PORT = that cluster
     address: str = setting("", DEFAULT)
-    rollout_workers: int = setting(
-        2, DEFAULT
-    )  # rollout actors (at most rollout.groups are used: one shard each)
+    # rollout actors (at most rollout.groups are used: one shard each)
+    rollout_workers: int = setting(2, DEFAULT)
     worker_cpus: float = setting(1.0, DEFAULT)  # Ray CPUs per actor (pin run.torch_threads to it)
     worker_gpus: float = setting(0.0, DEFAULT)  # Ray GPUs per actor (fractions share a GPU)
     # times Ray restarts a dead rollout actor (and replays its shard) in one loop process; past that

@@ -35,18 +35,16 @@ from typing import Any
 import polars as pl
 
 from schemas import read_table, write_table
+from schemas.atomic import atomic_write_text
 from schemas.errors import GraftError
-from schemas.rundir import (
+from schemas.integrity import (
     CHECKPOINT_MARKER,
-    DERIVED_FILES,
     MARKER_FILES_KEY,
-    STAGE_OUTPUTS,
-    Run,
-    atomic_write_text,
     checkpoint_complete,
     checkpoint_damage,
     file_digests,
 )
+from schemas.rundir import DERIVED_FILES, STAGE_OUTPUTS, Run
 from schemas.verified import known_intact
 
 MANIFEST_FILE = "manifest.json"
@@ -400,6 +398,26 @@ def verify_checkpoint_read(run: Run, iteration: int, context: str = "", skip: It
         fix = remedy(run, iteration, Damage(path, "", "update"))
         raise GraftError(f"{damage}; {fix}{context}")
     return path
+
+
+def acting_checkpoint(run: Run, iteration: int, stage: str) -> Path | None:
+    """The checkpoint whose policy acts in (and is trained by) ``iteration``: that of iteration - 1,
+    None for iteration 0 (the initial model).
+
+    The policy after i updates plays iteration i; an older checkpoint would silently train on
+    another policy's rollouts, so a missing one is a user error naming it.
+    """
+    if iteration <= 0:
+        return None
+    previous = run.checkpoint_dir(iteration - 1)
+    if not checkpoint_complete(previous):
+        raise GraftError(
+            f"{stage} of iteration {iteration}: {previous} is not a complete checkpoint (iteration "
+            f"{iteration} acts with the policy after {iteration} updates); run iteration {iteration - 1} "
+            "first (graft loop resumes a run)"
+        )
+    verify_checkpoint_read(run, iteration - 1)
+    return previous
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,17 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from schemas.atomic import remove_outputs
 from schemas.errors import GraftError
-from schemas.manifest import cross_check, verify_checkpoint_read, verify_finished
-from schemas.rundir import (
-    DERIVED_FILES,
-    STAGE_OUTPUTS,
-    STAGES,
-    TRAINER_STATE_DIR,
-    Run,
-    checkpoint_complete,
-    remove_outputs,
-)
+from schemas.integrity import TRAINER_STATE_DIR, checkpoint_complete
+from schemas.manifest import acting_checkpoint, cross_check, verify_checkpoint_read, verify_finished
+from schemas.rundir import DERIVED_FILES, STAGE_OUTPUTS, STAGES, Run
 
 ACTING_STAGES = ("rollout", "update")  # stages that act with (or train) the previous checkpoint's policy
 # the tables of its own iteration each stage reads
@@ -60,7 +54,7 @@ def check_recompute_inputs(run: Run, stage: str, iteration: int) -> None:
             verify_finished(run, [iteration], skip=skip, root=False)
             cross_check(run, iteration, STAGE_INPUTS[stage])
         if stage in ACTING_STAGES:
-            run.acting_checkpoint(iteration, stage)
+            acting_checkpoint(run, iteration, stage)
         elif stage == "eval" and iteration >= 0 and run.checkpoint_dir(iteration).exists():
             verify_checkpoint_read(run, iteration)
     except GraftError as exc:

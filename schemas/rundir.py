@@ -11,25 +11,21 @@ is complete when all of its outputs exist (``stage_complete``).
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
-import os
 import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import polars as pl
 
 from schemas import read_table, write_table
+from schemas.atomic import atomic_write_text, remove_outputs
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
-from schemas.io import publish_mode, verify_table
-from schemas.trust import saved_runs_trusted, trust_saved_runs  # noqa: F401  (re-exported)
+from schemas.integrity import checkpoint_complete, checkpoint_damage
+from schemas.io import verify_table
+from schemas.lock import LOCK_FILE
+from schemas.trust import refuse_code_from_run, saved_runs_trusted
 
 # Outputs of each stage, relative to iter_NNNN/ ("checkpoint" = checkpoints/iter_NNNN).
 STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
@@ -130,27 +126,6 @@ class Run:
                 best = (it, child)
         return best[1] if best else None
 
-    def acting_checkpoint(self, iteration: int, stage: str) -> Path | None:
-        """The checkpoint whose policy acts in (and is trained by) ``iteration``: that of iteration - 1,
-        None for iteration 0 (the initial model).
-
-        The policy after i updates plays iteration i; an older checkpoint would silently train on
-        another policy's rollouts, so a missing one is a user error naming it.
-        """
-        if iteration <= 0:
-            return None
-        previous = self.checkpoint_dir(iteration - 1)
-        if not checkpoint_complete(previous):
-            raise GraftError(
-                f"{stage} of iteration {iteration}: {previous} is not a complete checkpoint (iteration "
-                f"{iteration} acts with the policy after {iteration} updates); run iteration {iteration - 1} "
-                "first (graft loop resumes a run)"
-            )
-        from schemas.manifest import verify_checkpoint_read  # builds on this module
-
-        verify_checkpoint_read(self, iteration - 1)
-        return previous
-
     def output_paths(self, stage: str, iteration: int) -> list[Path]:
         paths = []
         for name in STAGE_OUTPUTS[stage]:
@@ -236,37 +211,6 @@ class Run:
         return config
 
 
-# A run directory is data, not code (SPEC §11): someone else's run must not run Python on this machine
-# through its saved config. ``graft --trust-run`` (schemas.trust) turns the rule off for one process.
-
-
-def code_running_settings(config: Config) -> dict[str, str]:
-    """The settings of ``config`` that make graft import or execute code: {key: value as text}."""
-    found = {}
-    if config.model.trust_remote_code:
-        found["model.trust_remote_code"] = "true"
-    if ":" in config.env.name:  # "module:Factory": a plug-in environment, imported by name
-        found["env.name"] = config.env.name
-    return found
-
-
-def refuse_code_from_run(source: Path, config: Config, overrides: list[str] | tuple[str, ...]) -> None:
-    """GraftError when a code-running setting comes from ``source`` (a saved run config) and is not set
-    by the command line's own ``overrides``."""
-    given = {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
-    for key, value in code_running_settings(config).items():
-        if key not in given:
-            raise GraftError(
-                f"{source}: {key} = {value} runs code from the run directory, which is data; repeat it "
-                f"on the command line (--set {key}={value}) or pass graft --trust-run to honour it"
-            )
-
-
-CHECKPOINT_MARKER = "graft_checkpoint.json"
-MARKER_FILES_KEY = "files"  # the marker's {relative path: sha256} of every other file
-TRAINER_STATE_DIR = "trainer_state"  # a checkpoint's optimizer state (retention may drop it)
-
-
 def record_overrides(run: Run, iteration: int, stage: str, overrides: list[str] | tuple[str, ...]) -> None:
     """What a stage command ran with beyond config.toml: ``iter_NNNN/overrides_<stage>.json`` (the
     ``--set`` items, in order), so a run whose iteration 7 ran another estimator says so; none: no file."""
@@ -276,135 +220,6 @@ def record_overrides(run: Run, iteration: int, stage: str, overrides: list[str] 
         atomic_write_text(path, json.dumps({"stage": stage, "set": list(overrides)}, indent=2))
     else:
         path.unlink(missing_ok=True)
-
-
-def remove_outputs(paths: list[Path]) -> None:
-    """Remove files and directories in the given order. A directory is first renamed to a temporary
-    name (atomic; ``remove_stale_temporaries`` of the loop deletes leftovers), so a crash never leaves
-    half of one looking complete."""
-    for path in paths:
-        if path.is_dir():
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-            os.replace(path, tmp)  # replaces the empty placeholder directory
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-
-
-def checkpoint_complete(path: Path) -> bool:
-    """A checkpoint directory is complete when its marker file exists (written last, by rename)."""
-    return (path / CHECKPOINT_MARKER).is_file()
-
-
-def file_digests(folder: Path) -> dict[str, str]:
-    """sha256 of every file under ``folder`` but the marker, keyed by its relative path."""
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name != CHECKPOINT_MARKER:
-            with open(path, "rb") as fh:
-                out[path.relative_to(folder).as_posix()] = hashlib.file_digest(fh, "sha256").hexdigest()
-    return out
-
-
-def checkpoint_damage(path: Path) -> str | None:
-    """None when the checkpoint's files match its marker's checksums, else what is wrong (one line).
-
-    Checkpoints from before checksums (a marker without ``files``) have nothing to verify.
-    """
-    marker_path = path / CHECKPOINT_MARKER
-    try:
-        marker = json.loads(marker_path.read_text())
-        recorded = marker.get(MARKER_FILES_KEY) if isinstance(marker, dict) else None
-    except (OSError, ValueError) as exc:
-        return f"{marker_path}: unreadable checkpoint marker ({exc})"
-    if recorded is None:
-        return None
-    if not isinstance(recorded, dict):
-        return f"{marker_path}: the marker's '{MARKER_FILES_KEY}' is not a table of checksums"
-    for name, digest in sorted(recorded.items()):
-        file = path / name
-        if not file.is_file():
-            return f"{file}: missing from the checkpoint"
-        with open(file, "rb") as fh:
-            if hashlib.file_digest(fh, "sha256").hexdigest() != digest:
-                return f"{file}: checksum mismatch (the checkpoint file is damaged)"
-    return None
-
-
-def forget_checkpoint_files(path: Path, prefix: str) -> None:
-    """Rewrite the marker of checkpoint ``path`` (atomically) without the files under ``prefix``/, so
-    that removing them afterwards leaves a checkpoint that still verifies (retention drops the
-    optimizer state of kept checkpoints). A marker without checksums is left as it is."""
-    marker_path = path / CHECKPOINT_MARKER
-    marker = json.loads(marker_path.read_text())
-    recorded = marker.get(MARKER_FILES_KEY) if isinstance(marker, dict) else None
-    if not isinstance(recorded, dict):
-        return
-    kept = {name: digest for name, digest in recorded.items() if not name.startswith(f"{prefix}/")}
-    if kept != recorded:
-        atomic_write_text(
-            marker_path, json.dumps({**marker, MARKER_FILES_KEY: kept}, indent=2, sort_keys=True)
-        )
-
-
-def verify_checkpoint(path: Path) -> Path:
-    """``path`` when it is a complete, intact checkpoint; a GraftError naming the damaged file otherwise."""
-    if not checkpoint_complete(path):
-        raise GraftError(f"{path}: not a complete checkpoint (no {CHECKPOINT_MARKER})")
-    damage = checkpoint_damage(path)
-    if damage is not None:
-        raise GraftError(damage)
-    return path
-
-
-LOCK_FILE = ".lock"
-# locks this process holds: resolved run root -> (open lock file, nesting depth, shared)
-_HELD: dict[Path, tuple[IO[str], int, bool]] = {}
-
-
-@contextmanager
-def run_lock(root: str | Path, *, shared: bool = False) -> Iterator[None]:
-    """Hold the run's lock while writing into it (``graft loop`` and every stage command take it).
-
-    An ``flock`` on ``<run>/.lock``, taken before anything else in the run is touched (the lock file
-    is the one thing created first). Exclusive by default; ``shared`` for writers of disjoint files
-    that may run side by side (``graft rollout --shard``), which still exclude an exclusive holder.
-    The kernel drops the lock when the process dies, so a killed loop leaves no stale lock. Nested
-    use in one process is free (the outer hold covers it); another process is refused at once.
-    """
-    path = Path(root)
-    key = path.resolve()
-    held = _HELD.get(key)
-    if held is not None:
-        fh, depth, was_shared = held
-        if was_shared and not shared:
-            raise GraftError(
-                f"{path}: this process holds a shared lock on the run and needs an exclusive one"
-            )
-        _HELD[key] = (fh, depth + 1, was_shared)
-        try:
-            yield
-        finally:
-            fh, depth, was_shared = _HELD[key]
-            _HELD[key] = (fh, depth - 1, was_shared)
-        return
-    path.mkdir(parents=True, exist_ok=True)
-    fh = open(path / LOCK_FILE, "a")  # noqa: SIM115 - held until the block ends
-    try:
-        try:
-            fcntl.flock(fh, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise GraftError(
-                f"{path}: another graft process is writing this run (it holds {path / LOCK_FILE}); "
-                "wait for it to finish"
-            ) from None
-        _HELD[key] = (fh, 1, shared)
-        try:
-            yield
-        finally:
-            del _HELD[key]
-    finally:
-        fh.close()
 
 
 def open_run(path: str | Path) -> Run:
@@ -480,54 +295,3 @@ def _config_diff(old: Config, new: Config) -> str:
             if a[section][key] != b[section].get(key):
                 changes.append(f"{section}.{key}: {a[section][key]!r} -> {b[section][key]!r}")
     return "; ".join(changes[:4]) + (" ..." if len(changes) > 4 else "")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        publish_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_dir(final: Path) -> Path:
-    """Return a fresh temporary sibling directory to fill, then ``commit_dir`` it to ``final``."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    publish_mode(tmp, directory=True)
-    return tmp
-
-
-@contextmanager
-def filled_dir(final: Path) -> Iterator[Path]:
-    """A fresh temporary sibling of ``final`` to fill inside the ``with`` block: committed to ``final``
-    (``commit_dir``) when the block ends normally, removed when it raises -- never half a directory
-    under the final name."""
-    tmp = atomic_dir(final)
-    try:
-        yield tmp
-        commit_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def commit_dir(tmp: Path, final: Path) -> None:
-    """Move a filled temporary directory into place (replacing an incomplete ``final``).
-
-    Files inside get the ordinary umask permissions first: libraries write some through their own
-    temporary files (transformers' ``model.safetensors`` arrives 0600), and a checkpoint should be
-    readable like any other output."""
-    for path in tmp.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            publish_mode(path)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)

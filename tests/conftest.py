@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import stages  # noqa: F401, I001
 from schemas.config import Config
 from schemas.rundir import Run, create_run
+from tests.helpers.paths import EXAMPLES
 
 
 @pytest.fixture(autouse=True)
@@ -29,11 +30,17 @@ def runner() -> CliRunner:
 @pytest.fixture
 def small_steps() -> pl.DataFrame:
     """A valid steps table: 3 groups x 4 rollouts of random MDPs."""
-    from stages.synth import synth_steps
+    from stages.credit.synth import synth_steps
 
     steps = synth_steps(groups=3, group_size=4, horizon=6, seed=7)
     assert isinstance(steps, pl.DataFrame)
     return steps
+
+
+@pytest.fixture
+def examples_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/ on sys.path, so that the example plug-in (tests.helpers.examples) imports by name."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
 
 
 @pytest.fixture

@@ -156,7 +156,7 @@ def _read_inputs(folder: Path) -> dict[str, Any]:
 
 
 def _write_inputs(folder: Path, inputs: dict[str, Any]) -> None:
-    from schemas.rundir import atomic_write_text
+    from schemas.atomic import atomic_write_text
 
     atomic_write_text(folder / _INPUTS_FILE, json.dumps(inputs, sort_keys=True))
 
@@ -171,7 +171,7 @@ def graph(
     yes: bool = YES_OPTION,
 ) -> None:
     """Build the trajectory graphs: steps -> nodes.parquet, edges.parquet."""
-    from schemas.rundir import run_lock
+    from schemas.lock import run_lock
     from stages.credit import graph_files, run_graph
 
     if _is_run(target):
@@ -200,7 +200,7 @@ def solve(
     yes: bool = YES_OPTION,
 ) -> None:
     """Bellman values on the graphs: nodes, edges -> values.parquet."""
-    from schemas.rundir import run_lock
+    from schemas.lock import run_lock
     from stages.credit import run_solve, solve_files
 
     if _is_run(target):
@@ -250,8 +250,7 @@ def advantage(
 
     Stale: built from another steps file or another graph/solve config.
     """
-    from schemas.rundir import run_lock
-    from stages.advantage.registry import get_estimator
+    from schemas.lock import run_lock
     from stages.credit import (
         Held,
         advantage_files,
@@ -261,6 +260,7 @@ def advantage(
         run_solve,
         solve_files,
     )
+    from stages.credit.advantage.registry import get_estimator
 
     if _is_run(target):
         run, config = _run_context(target, iteration, config_path, overrides, "advantage")

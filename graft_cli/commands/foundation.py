@@ -46,7 +46,7 @@ def synth(
     check_seed(seed)
     import polars as pl
 
-    from stages.synth import write_synth
+    from stages.credit.synth import write_synth
 
     paths = write_synth(
         out_dir, groups=groups, group_size=group_size, horizon=horizon, width=width, merge=merge,
@@ -108,7 +108,7 @@ def sql(
     from rich.table import Table
     from rich.text import Text
 
-    from stages.sql import run_query
+    from stages.observe.sql import run_query
 
     if fmt not in ("table", "csv", "json"):
         raise GraftError(f"--format '{fmt}': expected table, csv or json")

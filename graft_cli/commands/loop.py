@@ -7,81 +7,11 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from schemas.config import Config, load_config
+from schemas.config import Config
 from schemas.errors import GraftError
 
 if TYPE_CHECKING:  # schemas.rundir imports polars: loaded when a command runs, not for --help
     from schemas.rundir import Run
-
-
-def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]) -> tuple[Path, Config]:
-    """The run directory of a ``graft loop`` call and its validated config; reads, writes nothing."""
-    from schemas.rundir import open_run
-
-    if config_path is None and run_dir is None:
-        raise GraftError("graft loop: give --config FILE (new run) or --run DIR (resume)")
-    if config_path is None:
-        config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
-    else:
-        config = load_config(config_path, overrides)
-    from stages.live_log import check_log_dir, require_backend
-    from stages.preflight import check_startable
-
-    # refuse what cannot start (model directory, vLLM, CUDA, environment data, a missing optional
-    # writer) before anything is written, the run's lock file included
-    require_backend(config)
-    check_startable(config)
-    root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
-    check_log_dir(root, config)
-    return root, config
-
-
-def resolve_loop_run(
-    config_path: str | None, run_dir: str | None, overrides: list[str], iters: int | None, force: bool
-) -> tuple[Run, Config, int]:
-    """Create or reopen the run of ``graft loop``; return it, its config and the iteration target.
-
-    Everything is checked before the run directory is touched, and the run's lock is taken before
-    config.toml is compared or written (the caller holds it on through the loop): a second loop that
-    is refused leaves the running one's config byte-identical.
-
-    ``run.iters`` is the loop's stopping point, not part of what an iteration computes, so it never
-    counts as a config change: ``--iters`` (or an edited ``run.iters``) extends or shortens a run
-    without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention,
-    ``[log]`` and ``[cluster]`` (where the rollout runs) are treated the same way.
-    """
-    return open_loop_run(*loop_root(config_path, run_dir, overrides), iters, force)
-
-
-def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) -> tuple[Run, Config, int]:
-    """``resolve_loop_run`` after ``loop_root``: take the lock, then create or check the run."""
-    from schemas.rundir import atomic_write_text, create_run, run_lock
-
-    target = iters if iters is not None else config.run.iters
-    if target < 0:
-        raise GraftError(f"--iters {target}: must be >= 0")
-    with run_lock(root):
-        saved_path = root / "config.toml"
-        bookkeeping = (config.checkpoint, config.log, config.cluster)
-        if saved_path.is_file():
-            from schemas.rundir import Run
-            from stages.loop import check_resumable
-
-            check_resumable(Run(root), target)  # a changed iteration is refused before anything is written
-            from stages.update.lora import check_continuation
-
-            check_continuation(Run(root), config)  # so is a LoRA setting the next update would ignore
-            saved = load_config(saved_path)
-            # compare everything but what never changes an iteration's tables: the stopping point,
-            # checkpoint retention, live logging and the executor
-            config.run.iters, config.checkpoint, config.log = saved.run.iters, saved.checkpoint, saved.log
-            config.cluster = saved.cluster
-        run = create_run(root, config, force=force)
-        if (config.run.iters, config.checkpoint, config.log, config.cluster) != (target, *bookkeeping):
-            config.run.iters = target
-            config.checkpoint, config.log, config.cluster = bookkeeping
-            atomic_write_text(run.config_path, config.to_toml())
-    return run, config, target
 
 
 def resolve_eval_target(
@@ -93,7 +23,7 @@ def resolve_eval_target(
     ``iter_I/eval.parquet``; ``initial``: the initial policy -> ``<run>/eval.parquet`` (iter -1);
     another directory: that model -> ``<run>/eval_<dirname>.parquet`` (iter -1).
     """
-    from schemas.rundir import checkpoint_complete, verify_checkpoint
+    from schemas.integrity import checkpoint_complete, verify_checkpoint
     from stages.evaluate import output_path, policy_dir
 
     if iteration is not None and iteration < -1:
@@ -146,6 +76,37 @@ class RunEta:
         return format_eta((time.monotonic() - self.started) / self.done * left)
 
 
+def _print_initial_policy_plan(console, run: Run, cfg: Config) -> None:  # type: ignore[no-untyped-def]
+    """What the start will build before iteration 0 (the tiny model, the warm start), when not built yet."""
+    if not cfg.model.path and not (run.initial_model_dir / "config.json").is_file():
+        from stages.envs.registry import make_environment
+        from stages.policy.tiny import vocab_tasks_for
+
+        n = vocab_tasks_for(make_environment(cfg), cfg.model.tiny_vocab_tasks)
+        console.print(
+            f"building the tiny model: playing {n} train + {n} eval {cfg.env.name} tasks for its "
+            "vocabulary (model.tiny_vocab_tasks)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if cfg.sft.enabled and not (run.sft_model_dir / "config.json").is_file():
+        console.print(
+            f"warm start: {cfg.sft.episodes} expert demos (noise {cfg.sft.noise:g}, "
+            f"invalid noise {cfg.sft.invalid_noise:g}), "
+            f"{cfg.sft.epochs} epochs of behaviour cloning"
+            + (
+                f", {cfg.sft.dagger_rounds} DAgger rounds of {cfg.sft.dagger_episodes} episodes "
+                f"(each played, then {cfg.sft.dagger_epochs} epochs over all examples: "
+                f"{1 + cfg.sft.dagger_rounds} training phases, a progress bar each)"
+                if cfg.sft.dagger_rounds
+                else ""
+            )
+            + f" -> {run.sft_model_dir}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def _print_iteration(console, run: Run, result, config: Config, eta: str = "") -> None:  # type: ignore[no-untyped-def]
     from stages.loop import iteration_summary
 
@@ -192,167 +153,142 @@ def _print_initial_eval(console, run: Run, seconds: float) -> None:  # type: ign
     console.print(line, highlight=False, soft_wrap=True)
 
 
+def loop(
+    config: str = typer.Option(None, "--config", "-c", help="Run config TOML (new run or check on resume)."),
+    iters: int = typer.Option(
+        None, "--iters", help="Iterations to reach (overrides run.iters; not a config change)."
+    ),
+    run_dir: str = typer.Option(None, "--run", help="Run directory (default runs/<run.name>)."),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a config key, e.g. --set update.lr=1e-5."
+    ),
+    force: bool = typer.Option(False, "--force", help="Continue a run whose saved config differs."),
+    executor: str = typer.Option(
+        None,
+        "--executor",
+        help="local | ray: play the rollout groups in this process or on Ray actors "
+        "(overrides cluster.executor; docs/scaling.md).",
+    ),
+) -> None:
+    """Run rollout → graph → solve → advantage → update per iteration; resumes where it stopped."""
+    from rich.console import Console
+
+    from schemas.lock import run_lock
+    from stages.loop import loop_root, open_loop_run, run_loop
+
+    console = Console(stderr=False)
+    if iters is not None and iters < 0:  # before the run's lock file is created
+        raise GraftError(f"--iters {iters}: must be >= 0")
+    overrides = list(overrides)
+    if executor is not None:
+        if executor not in ("local", "ray"):
+            raise GraftError(f"--executor {executor!r}: expected local or ray")
+        overrides.append(f"cluster.executor={executor}")
+    root, checked = loop_root(config, run_dir, overrides)  # checks the config before any write
+    from schemas.rundir import discard_refused_start, start_snapshot
+
+    snapshot = start_snapshot(root)  # a new run: a refused start leaves nothing behind
+    try:
+        with run_lock(root):
+            run, cfg, target = open_loop_run(root, checked, iters, force)
+            # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
+            console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
+            _print_initial_policy_plan(console, run, cfg)
+            eta = RunEta(target)
+            results = run_loop(
+                run,
+                cfg,
+                target,
+                on_iteration=lambda r: _print_iteration(console, run, r, cfg, eta.after(r.iteration)),
+                on_initial_eval=lambda seconds: _print_initial_eval(console, run, seconds),
+            )
+            if not results:
+                console.print(
+                    f"nothing to do: iterations 0..{target - 1} are finished",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                return
+            from stages.observe.report import success_summary, write_report
+
+            png, markdown, *_ = write_report([run.root])
+    except GraftError:
+        discard_refused_start(snapshot)
+        raise
+    console.print(success_summary(run), highlight=False, soft_wrap=True)
+    console.print(
+        f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
+
+
+def evaluate(
+    run_dir: str = typer.Argument(..., help="Run directory."),
+    checkpoint: str = typer.Option(
+        "latest", "--checkpoint", help="latest | initial | a checkpoint directory."
+    ),
+    iteration: int = typer.Option(None, "--iter", help="Evaluate the checkpoint of this iteration."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a config key for this evaluation."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing evaluation of it."),
+) -> None:
+    """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
+    from schemas.lock import run_lock
+    from schemas.manifest import verify_finished, write_recorded_table
+    from schemas.rundir import open_run
+    from stages.evaluate import evaluate_model
+
+    run = open_run(run_dir)
+    cfg = run.load_config(list(overrides))
+    with run_lock(run.root):
+        it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
+        if out.is_file() and not force:  # nothing is computed from an evaluation: only it is replaced
+            raise GraftError(f"{out}: {name} is already evaluated; use --force to evaluate it again")
+        # the rest of the iteration (or of the run's top) is what was recorded: the evaluation is
+        # recorded next to it
+        at_top = out.parent.resolve() == run.root.resolve()
+        verify_finished(run, [] if at_top else [it], skip={-1 if at_top else it: {out.name}})
+        rows = evaluate_model(run, cfg, model_dir, it, name)
+        write_recorded_table(run, rows, "eval", out)
+    overall = {r["name"]: r["value"] for r in rows.filter(rows["task_type"].is_null()).iter_rows(named=True)}
+    typer.echo(
+        f"{name}: success {overall['success_rate']:.3f}  return {overall['mean_return']:.3f}  "
+        f"turns {overall['mean_turns']:.2f}  score {overall['mean_score']:.3f}  -> {out}"
+    )
+
+
+def report(
+    runs: list[str] = typer.Argument(..., help="One or more run directories (overlaid)."),
+    out: str = typer.Option(None, "-o", "--out", help="Output folder (default <first run>/report)."),
+) -> None:
+    """Learning curves (PNG) and a per-task-type success table (Markdown)."""
+    from stages.observe.report import write_report
+
+    for path in write_report(list(runs), out):
+        typer.echo(str(path))
+
+
+def viz(
+    run_dir: str = typer.Argument(..., help="Run directory."),
+    iteration: int = typer.Option(..., "--iter", help="Iteration."),
+    group: str = typer.Option("0", "--group", help="group_id, or its index in the steps table."),
+    fmt: str = typer.Option("png", "--format", help="png | svg (an .html view is written too)."),
+    out: str = typer.Option(None, "-o", "--out", help="Output image path (default <run>/viz/...)."),
+) -> None:
+    """Draw one trajectory graph: nodes coloured by value, edges labelled with advantage."""
+    from schemas.rundir import open_run
+    from stages.observe.viz import write_viz
+
+    if fmt not in ("png", "svg"):
+        raise GraftError(f"--format {fmt}: expected png or svg")
+    for path in write_viz(open_run(run_dir), iteration, group, fmt, out):
+        typer.echo(str(path))
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the graft app."""
-
-    @app.command("loop")
-    def loop_command(
-        config: str = typer.Option(
-            None, "--config", "-c", help="Run config TOML (new run or check on resume)."
-        ),
-        iters: int = typer.Option(
-            None, "--iters", help="Iterations to reach (overrides run.iters; not a config change)."
-        ),
-        run_dir: str = typer.Option(None, "--run", help="Run directory (default runs/<run.name>)."),
-        overrides: list[str] = typer.Option(
-            [], "--set", help="Override a config key, e.g. --set update.lr=1e-5."
-        ),
-        force: bool = typer.Option(False, "--force", help="Continue a run whose saved config differs."),
-        executor: str = typer.Option(
-            None,
-            "--executor",
-            help="local | ray: play the rollout groups in this process or on Ray actors "
-            "(overrides cluster.executor; docs/scaling.md).",
-        ),
-    ) -> None:
-        """Run rollout → graph → solve → advantage → update per iteration; resumes where it stopped."""
-        from rich.console import Console
-
-        from schemas.rundir import run_lock
-        from stages.loop import run_loop
-
-        console = Console(stderr=False)
-        if iters is not None and iters < 0:  # before the run's lock file is created
-            raise GraftError(f"--iters {iters}: must be >= 0")
-        overrides = list(overrides)
-        if executor is not None:
-            if executor not in ("local", "ray"):
-                raise GraftError(f"--executor {executor!r}: expected local or ray")
-            overrides.append(f"cluster.executor={executor}")
-        root, checked = loop_root(config, run_dir, overrides)  # checks the config before any write
-        from schemas.rundir import discard_refused_start, start_snapshot
-
-        snapshot = start_snapshot(root)  # a new run: a refused start leaves nothing behind
-        try:
-            with run_lock(root):
-                run, cfg, target = open_loop_run(root, checked, iters, force)
-                # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
-                console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
-                if not cfg.model.path and not (run.initial_model_dir / "config.json").is_file():
-                    from stages.policy.tiny import vocab_tasks_for
-                    from stages.rollout import make_environment
-
-                    n = vocab_tasks_for(make_environment(cfg), cfg.model.tiny_vocab_tasks)
-                    console.print(
-                        f"building the tiny model: playing {n} train + {n} eval {cfg.env.name} tasks for its "
-                        "vocabulary (model.tiny_vocab_tasks)",
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                if cfg.sft.enabled and not (run.sft_model_dir / "config.json").is_file():
-                    console.print(
-                        f"warm start: {cfg.sft.episodes} expert demos (noise {cfg.sft.noise:g}, "
-                        f"invalid noise {cfg.sft.invalid_noise:g}), "
-                        f"{cfg.sft.epochs} epochs of behaviour cloning"
-                        + (
-                            f", {cfg.sft.dagger_rounds} DAgger rounds of {cfg.sft.dagger_episodes} episodes "
-                            f"(each played, then {cfg.sft.dagger_epochs} epochs over all examples: "
-                            f"{1 + cfg.sft.dagger_rounds} training phases, a progress bar each)"
-                            if cfg.sft.dagger_rounds
-                            else ""
-                        )
-                        + f" -> {run.sft_model_dir}",
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                eta = RunEta(target)
-                results = run_loop(
-                    run,
-                    cfg,
-                    target,
-                    on_iteration=lambda r: _print_iteration(console, run, r, cfg, eta.after(r.iteration)),
-                    on_initial_eval=lambda seconds: _print_initial_eval(console, run, seconds),
-                )
-                if not results:
-                    console.print(
-                        f"nothing to do: iterations 0..{target - 1} are finished",
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                    return
-                from stages.report import success_summary, write_report
-
-                png, markdown, *_ = write_report([run.root])
-        except GraftError:
-            discard_refused_start(snapshot)
-            raise
-        console.print(success_summary(run), highlight=False, soft_wrap=True)
-        console.print(
-            f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)",
-            highlight=False,
-            soft_wrap=True,
-            markup=False,
-        )
-
-    @app.command("eval")
-    def eval_command(
-        run_dir: str = typer.Argument(..., help="Run directory."),
-        checkpoint: str = typer.Option(
-            "latest", "--checkpoint", help="latest | initial | a checkpoint directory."
-        ),
-        iteration: int = typer.Option(None, "--iter", help="Evaluate the checkpoint of this iteration."),
-        overrides: list[str] = typer.Option([], "--set", help="Override a config key for this evaluation."),
-        force: bool = typer.Option(False, "--force", help="Replace an existing evaluation of it."),
-    ) -> None:
-        """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
-        from schemas.manifest import verify_finished, write_recorded_table
-        from schemas.rundir import open_run, run_lock
-        from stages.evaluate import evaluate_model
-
-        run = open_run(run_dir)
-        cfg = run.load_config(list(overrides))
-        with run_lock(run.root):
-            it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
-            if out.is_file() and not force:  # nothing is computed from an evaluation: only it is replaced
-                raise GraftError(f"{out}: {name} is already evaluated; use --force to evaluate it again")
-            # the rest of the iteration (or of the run's top) is what was recorded: the evaluation is
-            # recorded next to it
-            at_top = out.parent.resolve() == run.root.resolve()
-            verify_finished(run, [] if at_top else [it], skip={-1 if at_top else it: {out.name}})
-            rows = evaluate_model(run, cfg, model_dir, it, name)
-            write_recorded_table(run, rows, "eval", out)
-        overall = {
-            r["name"]: r["value"] for r in rows.filter(rows["task_type"].is_null()).iter_rows(named=True)
-        }
-        typer.echo(
-            f"{name}: success {overall['success_rate']:.3f}  return {overall['mean_return']:.3f}  "
-            f"turns {overall['mean_turns']:.2f}  score {overall['mean_score']:.3f}  -> {out}"
-        )
-
-    @app.command("report")
-    def report_command(
-        runs: list[str] = typer.Argument(..., help="One or more run directories (overlaid)."),
-        out: str = typer.Option(None, "-o", "--out", help="Output folder (default <first run>/report)."),
-    ) -> None:
-        """Learning curves (PNG) and a per-task-type success table (Markdown)."""
-        from stages.report import write_report
-
-        for path in write_report(list(runs), out):
-            typer.echo(str(path))
-
-    @app.command("viz")
-    def viz_command(
-        run_dir: str = typer.Argument(..., help="Run directory."),
-        iteration: int = typer.Option(..., "--iter", help="Iteration."),
-        group: str = typer.Option("0", "--group", help="group_id, or its index in the steps table."),
-        fmt: str = typer.Option("png", "--format", help="png | svg (an .html view is written too)."),
-        out: str = typer.Option(None, "-o", "--out", help="Output image path (default <run>/viz/...)."),
-    ) -> None:
-        """Draw one trajectory graph: nodes coloured by value, edges labelled with advantage."""
-        from schemas.rundir import open_run
-        from stages.viz import write_viz
-
-        if fmt not in ("png", "svg"):
-            raise GraftError(f"--format {fmt}: expected png or svg")
-        for path in write_viz(open_run(run_dir), iteration, group, fmt, out):
-            typer.echo(str(path))
+    app.command("loop")(loop)
+    app.command("eval")(evaluate)
+    app.command("report")(report)
+    app.command("viz")(viz)

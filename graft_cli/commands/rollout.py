@@ -109,8 +109,9 @@ def rollout(
     from graft_cli.commands.confirm import removal_confirmer
     from schemas import write_table
     from schemas.config import load_config
+    from schemas.lock import run_lock
     from schemas.recompute import guard_recompute, removed_summary
-    from schemas.rundir import Run, open_run, run_lock
+    from schemas.rundir import Run, open_run
     from stages.rollout import parse_shard, rollout_iteration, run_rollout
 
     run_dir = run_arg or run_opt
@@ -180,7 +181,8 @@ def rollout(
         raise GraftError("rollout: give a RUN directory, or --config X.toml with --out DIR")
     config = load_config(config_path, overrides)
     scratch = Run(out)  # only for the tiny model location: DIR/model
-    from stages.rollout import INITIAL_VERSION, ensure_initial_model
+    from stages.policy.engine import INITIAL_VERSION
+    from stages.warmstart.initial import ensure_initial_model
 
     model_dir = ensure_initial_model(scratch, config)
     steps, metrics = rollout_iteration(

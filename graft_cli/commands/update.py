@@ -14,71 +14,72 @@ import typer
 from graft_cli.commands.confirm import YES_OPTION
 
 
+def update(
+    run_dir: Path = typer.Argument(..., help="Run directory (holds config.toml)."),
+    iteration: int = typer.Option(..., "--iter", help="Iteration whose steps and advantages to train on."),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a config key for this command only, e.g. --set update.lr=1e-5."
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Retrain a finished iteration and remove what was computed from it."
+    ),
+    yes: bool = YES_OPTION,
+) -> None:
+    """Train the policy on an iteration's steps and advantages; write the checkpoint and update table."""
+    import os
+
+    import polars as pl
+
+    from graft_cli.commands.confirm import removal_confirmer
+    from schemas.errors import GraftError
+    from schemas.lock import run_lock
+    from schemas.recompute import guard_recompute, removed_summary
+    from schemas.rundir import open_run
+    from stages.update import run_update
+
+    if iteration < 0:
+        raise GraftError(f"--iter {iteration}: iterations are >= 0")
+    run = open_run(run_dir)
+    config = run.load_config(overrides)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock for all
+        run_update(run, iteration, config)
+        return
+    with run_lock(run.root):
+        # under torchrun one process checks and removes; the others read nothing it removes
+        removed = removed_summary(
+            run, iteration, guard_recompute(run, "update", iteration, force, removal_confirmer(yes))
+        )
+        if removed:
+            typer.echo(removed)
+        run_update(run, iteration, config)
+        from schemas.rundir import record_overrides
+
+        record_overrides(run, iteration, "update", overrides)
+    summary = run.read(iteration, "update").filter(pl.col("epoch") == -1)
+    values = dict(zip(summary["name"].to_list(), summary["value"].to_list(), strict=True))
+    shown = ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "rows", "steps", "seconds")
+    typer.echo(
+        f"update iter {iteration}: "
+        + ", ".join(f"{k}={values[k]:.4g}" for k in shown if k in values)
+        + f" -> {run.checkpoint_dir(iteration)}"
+    )
+
+
+def export(
+    run_dir: Path = typer.Argument(..., help="Run directory (holds config.toml)."),
+    out: Path = typer.Option(..., "-o", "--out", help="New directory for the exported model."),
+    iteration: int = typer.Option(
+        -1, "--iter", help="Iteration whose checkpoint to export (default: the newest)."
+    ),
+) -> None:
+    """Write a checkpoint's policy as a plain Hugging Face model directory (LoRA adapters merged in)."""
+    from stages.policy.export import export_checkpoint
+
+    exported, source = export_checkpoint(run_dir, iteration, out)
+    typer.echo(f"exported {source} -> {exported}")
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the graft app."""
-
-    @app.command("update")
-    def update(
-        run_dir: Path = typer.Argument(..., help="Run directory (holds config.toml)."),
-        iteration: int = typer.Option(
-            ..., "--iter", help="Iteration whose steps and advantages to train on."
-        ),
-        overrides: list[str] = typer.Option(
-            [], "--set", help="Override a config key for this command only, e.g. --set update.lr=1e-5."
-        ),
-        force: bool = typer.Option(
-            False, "--force", help="Retrain a finished iteration and remove what was computed from it."
-        ),
-        yes: bool = YES_OPTION,
-    ) -> None:
-        """Train the policy on an iteration's steps and advantages; write the checkpoint and update table."""
-        import os
-
-        import polars as pl
-
-        from graft_cli.commands.confirm import removal_confirmer
-        from schemas.errors import GraftError
-        from schemas.recompute import guard_recompute, removed_summary
-        from schemas.rundir import open_run, run_lock
-        from stages.update import run_update
-
-        if iteration < 0:
-            raise GraftError(f"--iter {iteration}: iterations are >= 0")
-        run = open_run(run_dir)
-        config = run.load_config(overrides)
-        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock for all
-            run_update(run, iteration, config)
-            return
-        with run_lock(run.root):
-            # under torchrun one process checks and removes; the others read nothing it removes
-            removed = removed_summary(
-                run, iteration, guard_recompute(run, "update", iteration, force, removal_confirmer(yes))
-            )
-            if removed:
-                typer.echo(removed)
-            run_update(run, iteration, config)
-            from schemas.rundir import record_overrides
-
-            record_overrides(run, iteration, "update", overrides)
-        summary = run.read(iteration, "update").filter(pl.col("epoch") == -1)
-        values = dict(zip(summary["name"].to_list(), summary["value"].to_list(), strict=True))
-        shown = ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "rows", "steps", "seconds")
-        typer.echo(
-            f"update iter {iteration}: "
-            + ", ".join(f"{k}={values[k]:.4g}" for k in shown if k in values)
-            + f" -> {run.checkpoint_dir(iteration)}"
-        )
-
-    @app.command("export")
-    def export(
-        run_dir: Path = typer.Argument(..., help="Run directory (holds config.toml)."),
-        out: Path = typer.Option(..., "-o", "--out", help="New directory for the exported model."),
-        iteration: int = typer.Option(
-            -1, "--iter", help="Iteration whose checkpoint to export (default: the newest)."
-        ),
-    ) -> None:
-        """Write a checkpoint's policy as a plain Hugging Face model directory (LoRA adapters merged in)."""
-        from stages.policy.export import export_checkpoint
-
-        exported, source = export_checkpoint(run_dir, iteration, out)
-        typer.echo(f"exported {source} -> {exported}")
+    app.command("update")(update)
+    app.command("export")(export)

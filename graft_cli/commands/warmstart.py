@@ -52,8 +52,8 @@ def demos(
     from schemas import write_table
     from schemas.config import load_config
     from schemas.errors import GraftError
-    from stages.demos import demo_summary, split_demos
-    from stages.rollout.from_config import make_environment
+    from stages.envs.registry import make_environment
+    from stages.warmstart.demos import demo_summary, split_demos
 
     if split not in ("train", "eval"):
         raise GraftError(f"--split {split!r}: expected train or eval")
@@ -83,9 +83,10 @@ def sft(
 
     from schemas import read_table
     from schemas.errors import GraftError
-    from schemas.rundir import open_run, run_lock
+    from schemas.lock import run_lock
+    from schemas.rundir import open_run
     from stages.loop import remove_stale_temporaries
-    from stages.rollout import ensure_initial_model
+    from stages.warmstart.initial import ensure_initial_model
 
     run = open_run(run_dir)
     config = run.load_config()

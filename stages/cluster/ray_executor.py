@@ -36,8 +36,9 @@ from schemas.errors import GraftError
 from schemas.rundir import Run
 from stages.cluster import joined_address, probe_address
 from stages.cluster.worker import RolloutWorker, ShardHook, ShardReport
-from stages.rollout.from_config import engine_released_for_update, policy_for_iteration
+from stages.policy.live_engine import engine_released_for_update
 from stages.rollout.shards import merge_rollout_shards
+from stages.warmstart.initial import policy_for_iteration
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding schemas/ and stages/
 CONNECT_DEADLINE_S = 60.0  # joining a running cluster takes seconds; Ray alone would retry for ever

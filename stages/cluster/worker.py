@@ -1,7 +1,7 @@
 """One rollout worker of the Ray executor: plays shard i of n of each iteration it is asked for.
 
 A plain class (``RayRolloutPool`` turns it into a Ray actor), so it runs and is tested without Ray.
-It keeps its environment between iterations, and its engine through ``make_engine``, which keeps one
+It keeps its environment between iterations, and its engine through ``live_engine``, which keeps one
 engine per process and loads each new checkpoint into it (``engine.load``: the hf engine reloads the
 weights from the checkpoint directory; vLLM follows ``rollout.engine_options.reload``).
 
@@ -23,7 +23,8 @@ from schemas import write_table
 from schemas.config import Config
 from schemas.rundir import Run
 from stages.envs.base import Environment
-from stages.rollout.from_config import make_environment, release_engines
+from stages.envs.registry import make_environment
+from stages.policy.live_engine import release_engines
 from stages.rollout.runner import rollout_iteration
 from stages.rollout.shards import shard_name
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
+from schemas.config import Config
 from schemas.errors import GraftError
 from stages.envs.base import Environment
 
@@ -69,6 +70,17 @@ def make_env(name: str, **kwargs: Any) -> Environment:
         raise GraftError(f"env.name '{name}': its constructor raised {type(exc).__name__}: {exc}") from None
     check_environment(env, name)
     return env
+
+
+def make_environment(config: Config, options: dict | None = None) -> Environment:
+    """The run's environment (``options``: instead of ``env.options``)."""
+    return make_env(
+        config.env.name,
+        max_turns=config.env.max_turns,
+        invalid_penalty=config.env.invalid_penalty,
+        data=config.env.data,
+        **(config.env.options if options is None else options),
+    )
 
 
 def load_plugin(name: str) -> Callable[..., Any]:

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from schemas.atomic import filled_dir
 from schemas.errors import GraftError
-from schemas.rundir import filled_dir
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -71,7 +71,7 @@ def load_base_model(base: Path, trust_remote_code: bool = False) -> Any:
     """The base of an adapter, float32 on the CPU (merging in float32 loses nothing)."""
     from transformers import AutoModelForCausalLM
 
-    from stages.policy.models import quiet_transformers
+    from stages.policy.quiet import quiet_transformers
     from stages.policy.remote_code import remote_code_errors
 
     quiet_transformers()
@@ -120,7 +120,7 @@ def export_merged(checkpoint: str | Path, out: str | Path, trust_remote_code: bo
     """Write the policy of ``checkpoint`` (LoRA or full) to ``out`` as a Hugging Face model directory:
     ``config.json``, ``model.safetensors``, ``generation_config.json`` and the tokenizer files, without
     graft's trainer state or marker. Filled under a temporary name and renamed, like a checkpoint."""
-    from stages.policy.models import quiet_transformers
+    from stages.policy.quiet import quiet_transformers
     from stages.policy.tokenizer import portable_tokenizer_files
 
     quiet_transformers()

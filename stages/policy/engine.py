@@ -1,4 +1,4 @@
-"""The policy engine interface the rollout talks to, and ``make_engine`` (SPEC §6).
+"""The policy engine interface the rollout talks to (SPEC §6).
 
 An engine holds one policy (a model directory) and answers two batched questions:
 
@@ -12,7 +12,7 @@ An engine holds one policy (a model directory) and answers two batched questions
 
 Tokenization belongs to the rollout (``engine.tokenizer``), so both engines see the same ids.
 Implementations: ``hf`` (transformers, CPU or GPU; ``hf_engine.py``) and ``vllm`` (vLLM on GPU, or
-its CPU build; ``vllm_engine.py``, imports vllm only when chosen).
+its CPU build; ``vllm_engine.py``, imports vllm only when chosen); ``live_engine.py`` builds them.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from schemas.errors import GraftError
-
+INITIAL_VERSION = "initial"  # policy_version of the initial (reference) model
 # Closing tags that end a turn of the paper's prompts (Fig. 11-13).
 STOP_STRINGS = ("</action>", "</answer>", "</search>")
 
@@ -42,7 +41,7 @@ class Generation:
 
 @dataclass
 class EngineOptions:
-    """Engine settings taken from the config (``make_engine``)."""
+    """Engine settings taken from the config (``live_engine.engine_options``)."""
 
     device: str = "cpu"
     dtype: str = "auto"
@@ -86,19 +85,6 @@ class PolicyEngine(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def make_engine(name: str, model_dir: str | Path, version: str, options: EngineOptions) -> PolicyEngine:
-    """Build engine ``name`` (``hf`` | ``vllm``) acting with ``model_dir``."""
-    if name == "hf":
-        from stages.policy.hf_engine import HFEngine
-
-        return HFEngine(Path(model_dir), version, options)
-    if name == "vllm":
-        from stages.policy.vllm_engine import VLLMEngine
-
-        return VLLMEngine(Path(model_dir), version, options)
-    raise GraftError(f"rollout.engine = '{name}': expected 'hf' or 'vllm'")
 
 
 def check_seeds(prompts_ids: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[int]:

@@ -3,7 +3,7 @@
 A full checkpoint is copied without graft's trainer state and marker; a LoRA checkpoint is merged
 into its base first (stages/policy/adapters.py). The result loads with
 ``AutoModelForCausalLM.from_pretrained(DIR)`` and with vLLM, and acts exactly like the checkpoint does
-in graft's own rollouts (tests/test_lora.py compares log-probs).
+in graft's own rollouts (tests/update/test_lora.py compares log-probs).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from pathlib import Path
 
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.integrity import checkpoint_complete
 from schemas.manifest import verify_checkpoint_read
-from schemas.rundir import Run, checkpoint_complete, open_run
+from schemas.rundir import Run, open_run
 from stages.policy.adapters import ADAPTER_CONFIG, BASE_KEY, adapter_base, export_merged, is_adapter_dir
 
 

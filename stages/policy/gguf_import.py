@@ -93,8 +93,8 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from schemas.rundir import filled_dir
-    from stages.policy.models import quiet_transformers
+    from schemas.atomic import filled_dir
+    from stages.policy.quiet import quiet_transformers
     from stages.policy.tokenizer import portable_tokenizer_files
 
     quiet_transformers()

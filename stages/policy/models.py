@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from schemas.errors import GraftError
+from stages.policy.quiet import quiet_transformers
 from stages.policy.remote_code import remote_code_errors
 
 
@@ -47,14 +48,6 @@ def check_model_dir(path: str | Path) -> Path:
     if not any(path.glob("*.safetensors")):
         raise GraftError(f"{path}: no *.safetensors weights (graft loads models from safetensors only)")
     return path
-
-
-def quiet_transformers() -> None:
-    """No per-file progress bars from transformers ("Loading weights", "Writing model shards"): graft
-    reports its own progress, and the bars flood stderr and the loop's log."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
 
 LOCAL_MODELS = "models"  # where the presets' headers put converted or downloaded models

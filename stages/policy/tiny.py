@@ -25,13 +25,13 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from schemas.atomic import filled_dir
 from schemas.config import DEFAULT_TINY_VOCAB_TASKS
 from schemas.errors import GraftError
-from schemas.rundir import filled_dir
 from stages.envs.base import Environment, Episode, environment_tasks
 from stages.envs.prompts import episode_prompt
+from stages.observe.progress import terminal_progress
 from stages.policy.tokenizer import build_word_tokenizer, portable_tokenizer_files
-from stages.progress import terminal_progress
 
 PromptFn = Callable[..., str]  # build_prompt(style, *, task_text, observation, admissible, history, ...)
 
@@ -132,7 +132,7 @@ def vocab_tasks_for(env: Environment, requested: int = 0) -> int:
 
 
 def vocabulary_progress(label: str) -> tuple[TaskHook, Callable[[], None]]:
-    """(hook, closer): a progress bar with ETA on a terminal, else nothing (``stages.progress``)."""
+    """(hook, closer): a progress bar with ETA on a terminal, else nothing (``stages.observe.progress``)."""
     update, close = terminal_progress(label, None)
     return (lambda done, total: update(done, total=total)), close
 

@@ -1,73 +1,26 @@
 """The rollout stage (SPEC §6): the policy plays groups of episodes; one steps row per executed turn.
 
-Pure layer: ``collect_episodes(engine, env, tasks, group_size, ...)`` plays ``group_size`` episodes of
-every task **in lockstep**: each turn, the prompts of all unfinished episodes go to the engine in
-batches of ``batch_size`` (finished episodes cost nothing), then every episode acts. It returns the
-steps table sorted by (group, rollout, step). Evaluation reuses it with its own temperature and seed.
+The episodes are played by ``stages.play`` (``collect_episodes``: lockstep batches, the modes, the
+naming of groups and trajectories, the random streams of episodes and responses).
 
-Modes:
-
-* ``choose``: π(a|s) = softmax_j(mean per-token log-prob of admissible action j / T); the model input
-  is the rendered prompt (chat-wrapped for chat models) followed by ``<action>``, the tag every
-  action follows in the paper's output format. Row columns follow the convention in
-  ``stages/policy/choice.py``: ``prompt`` = model input string, ``prompt_ids`` = its ids,
-  ``response`` = the chosen action, ``response_ids`` = ``tokenizer.encode(action,
-  add_special_tokens=False)``, ``response_logprobs`` = their per-token log-probs, ``choices`` = the
-  admissible set in the order scored.
-* ``generate``: the paper's prompt; the model writes ``<think>…</think><action>…</action>`` (up to
-  ``max_new_tokens``, stopped at ``</action>``/``</answer>``/``</search>`` or EOS); the parsed action
-  goes to ``Episode.act`` (None when unparseable), which marks unparseable or inadmissible actions
-  invalid with the penalty without advancing the world.
-
-Naming: group ``i0003-g05`` (iteration 3, group 5 of the iteration), trajectory ``i0003-g05-r2``.
-
-Randomness (docs/design.md): the iteration's tasks from SeedSequence(seed, iteration, "rollout-tasks");
-each episode's action sampling from its own stream (seed, iteration, "rollout-episode", group,
-rollout); each generated response from its own (seed, iteration, "rollout-generate", group, rollout,
-step), so neither mode depends on batching or sharding. On CPU the same seed gives an identical table.
+Randomness (docs/design.md): the iteration's tasks from SeedSequence(seed, iteration, "rollout-tasks").
 
 Runner: ``run_rollout(run, iteration, config, shard=None)``; see ``run_rollout`` for the outputs and
 ``merge_rollout_shards`` for multi-worker rollouts.
 
-Modules: ``collect`` (lockstep episode collection), ``from_config`` (engine, environment, initial
-model and the iteration's tasks from the config), ``metrics`` (the stage's metrics rows), ``runner``
-(the stage runner), ``shards`` (multi-worker shard files and their merge).
+Modules: ``runner`` (the iteration's tasks and the stage runner), ``metrics`` (the stage's metrics
+rows), ``shards`` (multi-worker shard files and their merge).
 """
 
-from stages.rollout.collect import CHOOSE_PREFIX, ProgressHook, collect_episodes
-from stages.rollout.from_config import (
-    INITIAL_VERSION,
-    build_tiny_for_config,
-    engine_options,
-    engine_released_for_update,
-    ensure_initial_model,
-    iteration_groups,
-    make_engine,
-    make_environment,
-    policy_for_iteration,
-    release_engines,
-)
 from stages.rollout.metrics import rollout_metrics
-from stages.rollout.runner import collect_groups, rollout_iteration, run_rollout
+from stages.rollout.runner import collect_groups, iteration_groups, rollout_iteration, run_rollout
 from stages.rollout.shards import merge_rollout_shards, parse_shard, shard_name
 
 __all__ = [
-    "CHOOSE_PREFIX",
-    "INITIAL_VERSION",
-    "ProgressHook",
-    "build_tiny_for_config",
-    "collect_episodes",
     "collect_groups",
-    "engine_options",
-    "ensure_initial_model",
     "iteration_groups",
-    "make_engine",
-    "release_engines",
-    "engine_released_for_update",
-    "make_environment",
     "merge_rollout_shards",
     "parse_shard",
-    "policy_for_iteration",
     "rollout_iteration",
     "rollout_metrics",
     "run_rollout",

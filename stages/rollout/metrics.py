@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
+
+from schemas.metrics import metrics_frame
 
 
 def rollout_metrics(
@@ -55,28 +55,19 @@ def rollout_metrics(
         "tokens": float(per_row["tokens"].sum()),
         **(extra or {}),
     }
-    rows: list[dict[str, Any]] = [
-        {"name": k, "value": float(v), "task_type": None} for k, v in overall_row.items()
-    ]
+    frames = [metrics_frame(iteration, "rollout", overall_row)]
     typed = per_traj.join(per_row, on="task_type").sort("task_type")
-    for rec in typed.iter_rows(named=True):
-        for name in (
-            "success_rate",
-            "mean_score",
-            "mean_return",
-            "mean_turns",
-            "episodes",
-            "invalid_rate",
-            "env_errors",
-            "steps",
-            "tokens",
-        ):
-            rows.append({"name": name, "value": float(rec[name]), "task_type": rec["task_type"]})
-    frame = pl.DataFrame(rows, schema={"name": pl.String, "value": pl.Float64, "task_type": pl.String})
-    return frame.select(
-        pl.lit(iteration, dtype=pl.Int32).alias("iter"),
-        pl.lit("rollout").alias("stage"),
-        "name",
-        "value",
-        "task_type",
+    names = (
+        "success_rate",
+        "mean_score",
+        "mean_return",
+        "mean_turns",
+        "episodes",
+        "invalid_rate",
+        "env_errors",
+        "steps",
+        "tokens",
     )
+    for rec in typed.iter_rows(named=True):
+        frames.append(metrics_frame(iteration, "rollout", {n: rec[n] for n in names}, rec["task_type"]))
+    return pl.concat(frames)

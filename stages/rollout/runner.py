@@ -1,4 +1,5 @@
-"""The rollout stage runner: play an iteration's groups (or a shard's share) and write its outputs."""
+"""The rollout stage runner: the iteration's (group, task) pairs; play them (or a shard's share) and write
+the outputs."""
 
 from __future__ import annotations
 
@@ -12,12 +13,27 @@ from schemas import validate_steps, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run
-from stages.envs.base import Environment, Task
+from stages.envs.base import Environment, Task, environment_tasks
+from stages.envs.registry import make_environment
+from stages.play.collect import ProgressHook, collect_episodes
 from stages.policy.engine import PolicyEngine
-from stages.rollout.collect import ProgressHook, collect_episodes
-from stages.rollout.from_config import iteration_groups, make_engine, make_environment, policy_for_iteration
+from stages.policy.live_engine import live_engine
+from stages.policy.sampling import derive_rng
 from stages.rollout.metrics import rollout_metrics
 from stages.rollout.shards import merge_rollout_shards, shard_name
+from stages.warmstart.initial import policy_for_iteration
+
+
+def iteration_groups(env: Environment, config: Config, iteration: int) -> list[tuple[int, Task]]:
+    """The iteration's (group index, task) pairs: ``rollout.groups`` tasks drawn from the fixed ``train``
+    set of ``env.train_tasks`` tasks (seeded by run seed), without replacement while they last."""
+    pool = environment_tasks(env, "train", config.env.train_tasks, config.run.seed)
+    if not pool:
+        raise GraftError(f"environment '{config.env.name}' returned no train tasks")
+    rng = derive_rng(config.run.seed, iteration, "rollout-tasks")
+    n = config.rollout.groups
+    picks = rng.choice(len(pool), size=n, replace=n > len(pool))
+    return [(g, pool[int(i)]) for g, i in enumerate(picks)]
 
 
 def collect_groups(
@@ -88,7 +104,7 @@ def rollout_iteration(
         raise GraftError(
             f"rollout: shard {shard} of iteration {iteration} has no groups (rollout.groups too small)"
         )
-    engine = make_engine(config, model_dir, version)
+    engine = live_engine(config, model_dir, version)
     stats: dict[str, float] = {}
     steps = collect_groups(engine, env, groups, config, iteration, version, progress=progress, stats=stats)
     validate_steps(steps, source=f"rollout of iteration {iteration}")

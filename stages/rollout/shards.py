@@ -8,7 +8,7 @@ from schemas import read_table, validate_steps, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run
-from stages.rollout.from_config import make_environment
+from stages.envs.registry import make_environment
 from stages.rollout.metrics import rollout_metrics
 
 NO_METRICS = pl.DataFrame(schema={"name": pl.String, "value": pl.Float64, "task_type": pl.String})

@@ -21,16 +21,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from schemas.atomic import atomic_write_text, filled_dir
 from schemas.errors import GraftError
-from schemas.rundir import (
-    CHECKPOINT_MARKER,
-    MARKER_FILES_KEY,
-    TRAINER_STATE_DIR,
-    atomic_write_text,
-    file_digests,
-    filled_dir,
-)
-from stages.policy.models import quiet_transformers
+from schemas.integrity import CHECKPOINT_MARKER, MARKER_FILES_KEY, TRAINER_STATE_DIR, file_digests
+from stages.policy.quiet import quiet_transformers
 from stages.policy.remote_code import remote_code_errors
 from stages.policy.tokenizer import portable_tokenizer_files
 

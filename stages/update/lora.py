@@ -72,7 +72,7 @@ def trained_target_modules(checkpoint: Path, adapter_config: dict[str, Any]) -> 
     """``update.lora.target_modules`` the adapters of ``checkpoint`` were trained with, as a set (empty:
     every linear layer); None when it cannot be told. The marker records the setting; for older
     checkpoints peft's saved list tells it (``all-linear`` is saved resolved to full module paths)."""
-    from schemas.rundir import CHECKPOINT_MARKER
+    from schemas.integrity import CHECKPOINT_MARKER
 
     try:
         recorded = json.loads((checkpoint / CHECKPOINT_MARKER).read_text())["lora"]["target_modules"]

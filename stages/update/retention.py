@@ -15,7 +15,7 @@ iteration, only
 and drops the optimizer state (``trainer_state/``) from all but the newest: only the next update
 restores it. The marker of such a checkpoint is rewritten without those files first, so every kept
 checkpoint still verifies against its checksums. Pruned checkpoints are never read again, so a run with retention ends with the same
-tables as one without (tested in tests/test_retention.py).
+tables as one without (tested in tests/update/test_retention.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from schemas.atomic import remove_outputs
 from schemas.config import CheckpointConfig
-from schemas.rundir import Run, checkpoint_complete, forget_checkpoint_files, remove_outputs
+from schemas.integrity import checkpoint_complete, forget_checkpoint_files
+from schemas.rundir import Run
 from stages.policy.adapters import adapter_base, is_adapter_dir
 from stages.update.checkpoint import TRAINER_STATE_DIR
 

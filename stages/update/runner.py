@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -33,10 +35,12 @@ import torch
 from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
+from schemas.manifest import acting_checkpoint
+from schemas.metrics import metrics_frame
 from schemas.rundir import Run
+from stages.observe.progress import terminal_progress
 from stages.policy.adapters import is_adapter_dir, merged_model
 from stages.policy.sampling import derive_rng
-from stages.progress import terminal_progress
 from stages.update.batching import KEYS, UpdateRows, build_update_rows, join_steps_advantages
 from stages.update.checkpoint import (
     enable_gradient_checkpointing,
@@ -70,7 +74,7 @@ def reference_dir(run: Run, config: Config) -> Path:
 def policy_dir(run: Run, iteration: int, config: Config) -> Path:
     """The policy to train: the checkpoint of iteration - 1 (an error when it is missing), or the initial
     model in iteration 0."""
-    previous = run.acting_checkpoint(iteration, "update")
+    previous = acting_checkpoint(run, iteration, "update")
     return previous if previous is not None else reference_dir(run, config)
 
 
@@ -284,21 +288,10 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     torch.set_num_threads(max(1, config.run.torch_threads))
     cfg = config.update
     steps_path = run.table_path(iteration, "steps")
-    steps = run.read(iteration, "steps")
-    advantages = run.read(iteration, "advantages")
-    joined = join_steps_advantages(
-        steps, advantages, str(steps_path), str(run.table_path(iteration, "advantages"))
-    )
-    if joined.height == 0:
-        raise GraftError(f"{steps_path}: no rows to train on")
-
+    steps, joined = read_training_rows(run, iteration)
     policy_path = policy_dir(run, iteration, config)
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-
-    rows = build_update_rows(joined, encode, source=str(steps_path))
+    rows = build_update_rows(joined, token_encoder(tokenizer), source=str(steps_path))
     temperature = effective_temperature(config)
     torch.manual_seed(int(update_rng(config.run.seed, iteration, "update-torch").integers(2**31)))
 
@@ -310,37 +303,9 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
         ref = reference_logprobs(run, iteration, rows, config, ctx, temperature)
     ref_seconds = time.perf_counter() - t_ref
 
-    adapters, lora_base = None, None
-    if cfg.lora.r > 0:
-        if ctx.distributed and cfg.parallel == "fsdp":
-            raise GraftError(
-                "update.lora needs update.parallel = 'ddp' under torchrun (FSDP2 + LoRA is not supported)"
-            )
-        # the peft model owns the adapters (saved alone); the trainer sees the Hugging Face model inside,
-        # whose adapted layers now compute W x + (alpha / r) B A x
-        adapters, lora_base = lora_policy(policy_path, cfg.lora, config.model.trust_remote_code)
-        model = adapters.get_base_model().to(ctx.device).eval()
-    elif is_adapter_dir(policy_path):  # LoRA switched off: every weight of the merged policy trains
-        model = merged_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
-        model.requires_grad_(True)  # peft froze the base weights
-    else:
-        model = load_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
-    if cfg.master_dtype == "bfloat16":  # weights, gradients and AdamW moments in bf16: half the memory
-        model = model.to(torch.bfloat16)
-    if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
+    model, adapters, lora_base = load_policy_to_train(policy_path, config, ctx)
     t_old = time.perf_counter()
-    if cfg.old_logprobs == "stored":
-        use_stored = True
-        missing = [i for i in np.flatnonzero(~rows.is_choice) if rows.behaviour_logprobs[i] is None]
-        if missing:
-            raise GraftError(
-                f"{steps_path}: update.old_logprobs = 'stored' but {rows.describe(missing[0])} has no response_logprobs"
-            )
-    else:
-        use_stored = cfg.old_logprobs == "auto" and stored_logprobs_usable(
-            rows, config, policy_version(run, config, policy_path), steps
-        )
+    use_stored = stored_logprobs_used(rows, run, config, policy_path, steps, steps_path)
     model = wrap_model(model, ctx, cfg.parallel)
     # the optimizer takes the (sharded) parameters before any forward pass
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -353,49 +318,10 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
         ref = reference_logprobs(run, iteration, rows, config, ctx, temperature, policy_scores=old)
         ref_seconds = time.perf_counter() - t_ref
 
-    global_step = 0
-    if policy_path != reference_dir(run, config):
-        # AdamW moments carry over only between updates of the same parameters: LoRA switched on
-        # (or off) in the middle of a run starts them afresh; the step count goes on either way
-        same_parameters = is_adapter_dir(policy_path) == (adapters is not None)
-        saved = (
-            restore_optimizer_state(unwrap(model), optimizer, policy_path)
-            if same_parameters
-            else saved_trainer_state(policy_path)
-        )
-        if saved is not None:
-            global_step = int(saved.get("global_step", 0))
-    for group in optimizer.param_groups:  # the config, not the restored state, sets these
-        group["weight_decay"] = cfg.weight_decay
-
-    total_steps = math.ceil(rows.n / max(1, cfg.minibatch_size)) * cfg.epochs  # = len(schedule)
-    show, close = terminal_progress(f"update iter {iteration}", total_steps) if ctx.is_main else (None, None)
-    done = 0
-
-    def on_step(epoch: int, minibatch: int, metrics: dict[str, float]) -> None:
-        nonlocal done
-        done += 1
-        if show is not None:
-            show(done, f"loss {metrics['loss']:.4g}")
-
-    try:
-        with adapter_dropout(model):  # no-op without LoRA dropout
-            result = train_policy(
-                model,
-                rows,
-                old,
-                ref,
-                cfg,
-                temperature,
-                update_rng(config.run.seed, iteration),
-                ctx,
-                optimizer,
-                global_step,
-                on_step=on_step,
-            )
-    finally:
-        if close is not None:
-            close()
+    global_step = resume_optimizer(model, optimizer, policy_path, adapters, run, config)
+    result = train_with_progress(
+        model, rows, old, ref, config, temperature, ctx, optimizer, global_step, iteration
+    )
     probe_tokens = sum(len(d) for d in probe_before)
     moved = kl_summary(
         exact_kl(row_distributions(model, rows, probe, temperature), probe_before), probe_tokens
@@ -419,49 +345,209 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
                 **moved,
             },
         )
-        metrics = pl.DataFrame(
-            {
-                "iter": [iteration] * len(summary),
-                "stage": ["update"] * len(summary),
-                "name": list(summary),
-                "value": [float(v) for v in summary.values()],
-                "task_type": [None] * len(summary),
-            },
-            schema={
-                "iter": pl.Int32,
-                "stage": pl.Utf8,
-                "name": pl.Utf8,
-                "value": pl.Float64,
-                "task_type": pl.Utf8,
-            },
-        )
-        write_table(metrics, "metrics", run.iter_dir(iteration) / "metrics_update.parquet")
-        write_table(update_table(iteration, result, summary), "update", run.table_path(iteration, "update"))
-        marker = {
-            "iteration": iteration,
-            "trained_from": str(policy_path),
-            "reference": str(reference_dir(run, config)),
-            "objective": cfg.objective,
-            "global_step": result.global_step,
-            "rows": rows.n,
-            "world_size": ctx.world_size,
-        }
-        if adapters is not None:
-            marker["lora"] = {
-                "r": cfg.lora.r,
-                "alpha": cfg.lora.alpha,
-                "target_modules": list(cfg.lora.target_modules),
-                "base": str(lora_base),
-            }
-        save_checkpoint(
-            run.checkpoint_dir(iteration),
-            unwrap(model),
-            tokenizer,
-            marker,
-            model_state=model_state,
-            optimizer_state=optimizer_state,
-            trainer_state={"global_step": result.global_step, "iteration": iteration},
-            adapters=adapters,
-            adapter_base=lora_base,
+        write_update_outputs(
+            run,
+            iteration,
+            config,
+            ctx,
+            summary,
+            result,
+            rows.n,
+            policy_path,
+            (unwrap(model), tokenizer, model_state, optimizer_state),
+            (adapters, lora_base),
         )
     ctx.barrier()
+
+
+# ---------------------------------------------------------------------------------------------
+# the runner's steps
+
+
+def read_training_rows(run: Run, iteration: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The iteration's steps table, and its rows joined with their advantages (none: an error)."""
+    steps_path = run.table_path(iteration, "steps")
+    steps = run.read(iteration, "steps")
+    advantages = run.read(iteration, "advantages")
+    joined = join_steps_advantages(
+        steps, advantages, str(steps_path), str(run.table_path(iteration, "advantages"))
+    )
+    if joined.height == 0:
+        raise GraftError(f"{steps_path}: no rows to train on")
+    return steps, joined
+
+
+def token_encoder(tokenizer) -> Callable[[list[str]], list[list[int]]]:  # type: ignore[no-untyped-def]
+    """Texts -> token ids with the policy's tokenizer (no special tokens)."""
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+    return encode
+
+
+def load_policy_to_train(
+    policy_path: Path, config: Config, ctx: DistContext
+) -> tuple[torch.nn.Module, Any, Path | None]:
+    """(model on the device in eval mode, its LoRA adapters or None, the base they adapt or None): the
+    policy with fresh adapters when ``update.lora`` is on, a LoRA checkpoint merged when it is off, else
+    the model itself; in ``update.master_dtype``, with gradient checkpointing when asked."""
+    cfg = config.update
+    adapters, lora_base = None, None
+    if cfg.lora.r > 0:
+        if ctx.distributed and cfg.parallel == "fsdp":
+            raise GraftError(
+                "update.lora needs update.parallel = 'ddp' under torchrun (FSDP2 + LoRA is not supported)"
+            )
+        # the peft model owns the adapters (saved alone); the trainer sees the Hugging Face model inside,
+        # whose adapted layers now compute W x + (alpha / r) B A x
+        adapters, lora_base = lora_policy(policy_path, cfg.lora, config.model.trust_remote_code)
+        model = adapters.get_base_model().to(ctx.device).eval()
+    elif is_adapter_dir(policy_path):  # LoRA switched off: every weight of the merged policy trains
+        model = merged_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
+        model.requires_grad_(True)  # peft froze the base weights
+    else:
+        model = load_model(policy_path, config.model.trust_remote_code).to(ctx.device).eval()
+    if cfg.master_dtype == "bfloat16":  # weights, gradients and AdamW moments in bf16: half the memory
+        model = model.to(torch.bfloat16)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model, adapters, lora_base
+
+
+def stored_logprobs_used(
+    rows: UpdateRows, run: Run, config: Config, policy_path: Path, steps: pl.DataFrame, steps_path: Path
+) -> bool:
+    """Whether token rows take their old log-probs from the rollout (``update.old_logprobs``: "stored"
+    always, refusing rows without them; "auto" when ``stored_logprobs_usable``; "recompute" never)."""
+    if config.update.old_logprobs == "stored":
+        missing = [i for i in np.flatnonzero(~rows.is_choice) if rows.behaviour_logprobs[i] is None]
+        if missing:
+            raise GraftError(
+                f"{steps_path}: update.old_logprobs = 'stored' but {rows.describe(missing[0])} has no response_logprobs"
+            )
+        return True
+    return config.update.old_logprobs == "auto" and stored_logprobs_usable(
+        rows, config, policy_version(run, config, policy_path), steps
+    )
+
+
+def resume_optimizer(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    policy_path: Path,
+    adapters: Any,
+    run: Run,
+    config: Config,
+) -> int:
+    """Restore the AdamW state the policy's checkpoint saved (the initial policy has none); return the
+    optimizer step count to go on from. The config, not the restored state, sets the weight decay."""
+    global_step = 0
+    if policy_path != reference_dir(run, config):
+        # AdamW moments carry over only between updates of the same parameters: LoRA switched on
+        # (or off) in the middle of a run starts them afresh; the step count goes on either way
+        same_parameters = is_adapter_dir(policy_path) == (adapters is not None)
+        saved = (
+            restore_optimizer_state(unwrap(model), optimizer, policy_path)
+            if same_parameters
+            else saved_trainer_state(policy_path)
+        )
+        if saved is not None:
+            global_step = int(saved.get("global_step", 0))
+    for group in optimizer.param_groups:  # the config, not the restored state, sets these
+        group["weight_decay"] = config.update.weight_decay
+    return global_step
+
+
+def train_with_progress(
+    model: torch.nn.Module,
+    rows: UpdateRows,
+    old: RowLogProbs,
+    ref: list[np.ndarray] | None,
+    config: Config,
+    temperature: float,
+    ctx: DistContext,
+    optimizer: torch.optim.Optimizer,
+    global_step: int,
+    iteration: int,
+) -> TrainResult:
+    """``train_policy`` with the config's settings and a progress bar (rank 0, on a terminal)."""
+    cfg = config.update
+    total_steps = math.ceil(rows.n / max(1, cfg.minibatch_size)) * cfg.epochs  # = len(schedule)
+    show, close = terminal_progress(f"update iter {iteration}", total_steps) if ctx.is_main else (None, None)
+    done = 0
+
+    def on_step(epoch: int, minibatch: int, metrics: dict[str, float]) -> None:
+        nonlocal done
+        done += 1
+        if show is not None:
+            show(done, f"loss {metrics['loss']:.4g}")
+
+    try:
+        with adapter_dropout(model):  # no-op without LoRA dropout
+            return train_policy(
+                model,
+                rows,
+                old,
+                ref,
+                cfg,
+                temperature,
+                update_rng(config.run.seed, iteration),
+                ctx,
+                optimizer,
+                global_step,
+                on_step=on_step,
+            )
+    finally:
+        if close is not None:
+            close()
+
+
+def write_update_outputs(
+    run: Run,
+    iteration: int,
+    config: Config,
+    ctx: DistContext,
+    summary: dict[str, float],
+    result: TrainResult,
+    n_rows: int,
+    policy_path: Path,
+    trained: tuple[torch.nn.Module, Any, dict | None, dict | None],
+    lora: tuple[Any, Path | None],
+) -> None:
+    """``metrics_update.parquet``, ``update.parquet``, then the checkpoint (its marker says what it was
+    trained from and how). ``trained``: (model, tokenizer, gathered model state, gathered optimizer
+    state); ``lora``: (the adapters, the base they adapt) or (None, None)."""
+    cfg = config.update
+    model, tokenizer, model_state, optimizer_state = trained
+    adapters, lora_base = lora
+    metrics = metrics_frame(iteration, "update", summary)
+    write_table(metrics, "metrics", run.iter_dir(iteration) / "metrics_update.parquet")
+    write_table(update_table(iteration, result, summary), "update", run.table_path(iteration, "update"))
+    marker = {
+        "iteration": iteration,
+        "trained_from": str(policy_path),
+        "reference": str(reference_dir(run, config)),
+        "objective": cfg.objective,
+        "global_step": result.global_step,
+        "rows": n_rows,
+        "world_size": ctx.world_size,
+    }
+    if adapters is not None:
+        marker["lora"] = {
+            "r": cfg.lora.r,
+            "alpha": cfg.lora.alpha,
+            "target_modules": list(cfg.lora.target_modules),
+            "base": str(lora_base),
+        }
+    save_checkpoint(
+        run.checkpoint_dir(iteration),
+        model,
+        tokenizer,
+        marker,
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        trainer_state={"global_step": result.global_step, "iteration": iteration},
+        adapters=adapters,
+        adapter_base=lora_base,
+    )

@@ -101,9 +101,10 @@ def pad_rows(arrays: list[np.ndarray], width: int, device: torch.device) -> torc
     return torch.from_numpy(out).to(device)
 
 
-def autocast(ctx: DistContext, bf16: bool) -> contextlib.AbstractContextManager:
-    """bf16 autocast on GPU only (CPU runs in float32: deterministic and exact enough)."""
-    if ctx.device.type == "cuda" and bf16:
+def bf16_autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on GPU only (CPU runs in float32: deterministic and exact enough); the update's and
+    the warm start's forward passes both run under it."""
+    if device.type == "cuda" and enabled:
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -160,7 +161,7 @@ def score_all_rows(
     local: dict[int, tuple[np.ndarray, float]] = {}
     for k in range(n_steps):
         mb = mine[k] if k < len(mine) else _filler(rows, as_tokens)
-        with autocast(ctx, bf16):
+        with bf16_autocast(ctx.device, bf16):
             s = score_microbatch(model, rows, mb, temperature, as_tokens=as_tokens)
         if k >= len(mine):
             continue
@@ -302,7 +303,7 @@ def train_policy(
         for k in range(n_micro):
             real = k < len(mine)
             mb = mine[k] if real else _filler(rows, False)
-            with accumulate(model, sync=k == n_micro - 1), autocast(ctx, cfg.bf16):
+            with accumulate(model, sync=k == n_micro - 1), bf16_autocast(ctx.device, cfg.bf16):
                 s = score_microbatch(model, rows, mb, temperature, with_entropy=real)
                 terms = _terms(s, rows, mb, old, ref, cfg, device)
                 weight = world / denom if real else 0.0

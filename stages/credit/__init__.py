@@ -1,0 +1,72 @@
+"""GRAFT step credit from Python, and the graph / solve / advantage stage runners.
+
+For people who bring their own rollouts (a steps table per SPEC §3, e.g. converted from verl-agent
+or TRL)::
+
+    import polars as pl
+    from stages import credit
+
+    steps = pl.read_parquet("my_steps.parquet")
+    tables = credit.run_all(steps)                    # default Config: exact graph, γ=0.99, graft
+    tables.advantages["advantage"]                    # one row per steps row, same order
+
+    nodes, edges = credit.graph(steps, canonicalize="exact")
+    values = credit.solve(nodes, edges, gamma=0.99)
+    adv = credit.advantages(steps, nodes, edges, values, estimator="graft", gae="graph", lam=0.95)
+
+Every function validates what it is given and raises ``GraftError`` (one line) on bad input.
+
+Stage runners (docs/design.md): ``run_graph``, ``run_solve``, ``run_advantage`` read and write
+``iter_NNNN/*.parquet`` in a run, metrics rows first (``metrics_<stage>.parquet``), outputs atomically.
+
+Modules: ``trajectory_graph`` (steps -> nodes, edges), ``embed`` (sentence embeddings of similarity
+states), ``bellman`` (the values of the graph's nodes), ``advantage/`` (the estimator registry and its
+estimators), ``diagnostics`` (graph and solve metrics rows), ``synth`` (synthetic MDP rollouts),
+``api`` (the functions above), ``runners`` (the stage runners and the CLI's file mode).
+"""
+
+from stages.credit.api import (
+    CreditTables,
+    advantage_metrics,
+    advantages,
+    embed_metrics,
+    graph,
+    graph_of,
+    make_embedder,
+    run_all,
+    solve,
+    values_of,
+)
+from stages.credit.runners import (
+    Held,
+    advantage_files,
+    graph_files,
+    run_advantage,
+    run_graph,
+    run_solve,
+    solve_files,
+    write_metrics,
+)
+from stages.credit.synth import synth_steps
+
+__all__ = [
+    "CreditTables",
+    "Held",
+    "advantage_files",
+    "advantage_metrics",
+    "advantages",
+    "embed_metrics",
+    "graph",
+    "graph_files",
+    "graph_of",
+    "make_embedder",
+    "run_advantage",
+    "run_all",
+    "run_graph",
+    "run_solve",
+    "solve",
+    "solve_files",
+    "synth_steps",
+    "values_of",
+    "write_metrics",
+]

@@ -1,0 +1,39 @@
+"""Evaluation on held-out tasks (SPEC §8, ``graft eval``).
+
+The policy of a checkpoint plays ``config.env.eval_tasks`` tasks of the environment's ``eval`` split
+(``config.eval.group_size`` episodes each) at ``config.eval.temperature``; the episodes are reduced to
+long-format ``eval`` rows, overall (task_type null) and per task type, for all episodes (split null)
+and, when the environment labels splits and the episodes span several (ALFWorld ``eval_split =
+"both"``), per split too:
+
+* ``success_rate``: share of episodes whose outcome reached the environment's success outcome R⁺
+  (10 household/ALFWorld/shop, 1 search);
+* ``mean_return``: mean of G = Σ_t r_t + R (step rewards incl. invalid-action penalties, plus outcome);
+* ``mean_turns``: mean number of turns;
+* ``mean_score``: mean task score in [0, 1] — the ``score`` column the rollout records (WebShop's
+  partial credit for ``shop``: a purchase that matches the goal partly scores between 0 and 1 while
+  its success is 0), else (null score, e.g. external tables) clip(R / R⁺, 0, 1);
+* ``episodes``: number of episodes.
+
+The standard error of a success rate is not a row: ``success_standard_error(success_rate, episodes)``
+(``stages.observe.report``) derives it from the two (reports and benchmark tables print it beside the
+rate).
+
+Where it goes: the checkpoint written by the update of iteration i → ``iter_i/eval.parquet``
+(iter = i); the initial policy → ``eval.parquet`` at the run root (iter = -1).
+"""
+
+from stages.evaluate.rows import EVAL_METRICS, episode_table, eval_rows, eval_seed, summary_rows
+from stages.evaluate.runner import evaluate_model, output_path, policy_dir, run_eval
+
+__all__ = [
+    "EVAL_METRICS",
+    "episode_table",
+    "eval_rows",
+    "eval_seed",
+    "evaluate_model",
+    "output_path",
+    "policy_dir",
+    "run_eval",
+    "summary_rows",
+]

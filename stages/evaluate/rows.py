@@ -1,0 +1,94 @@
+"""The ``eval`` table from the steps of an evaluation (pure): episodes, their summary rows, the seed.
+
+See the package docstring for the metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import polars as pl
+
+EVAL_METRICS = ("success_rate", "mean_return", "mean_turns", "mean_score", "invalid_rate", "episodes")
+EVAL_PURPOSE = 0xE7A1  # the eval stream of SeedSequence((run.seed, iteration + 1, purpose))
+
+
+def episode_table(steps: pl.DataFrame, success_outcome: float) -> pl.DataFrame:
+    """One row per trajectory: task_type, turns, return G = Σ r + R, success, score, invalid turns (pure).
+
+    ``steps`` needs traj_id, task_type, step, reward, outcome (and may carry ``score``, ``valid``;
+    without ``valid`` no turn counts as invalid).
+    """
+    fallback = (pl.col("outcome").first() / success_outcome).clip(0.0, 1.0)
+    score = (
+        pl.col("score").sort_by("step").last().fill_null(fallback) if "score" in steps.columns else fallback
+    )
+    return steps.group_by("traj_id", maintain_order=True).agg(
+        pl.col("task_type").first(),
+        pl.len().cast(pl.Float64).alias("turns"),
+        (pl.col("reward").sum() + pl.col("outcome").first()).alias("return"),
+        (pl.col("outcome").first() >= success_outcome - 1e-9).cast(pl.Float64).alias("success"),
+        score.cast(pl.Float64).alias("score"),
+        ((~pl.col("valid")).sum() if "valid" in steps.columns else pl.lit(0))
+        .cast(pl.Float64)
+        .alias("invalid"),
+    )
+
+
+def summary_rows(episodes: pl.DataFrame) -> pl.DataFrame:
+    """Long rows (name, value, task_type) of the eval metrics, overall (null type) and per type."""
+    aggs = [
+        pl.col("success").mean().alias("success_rate"),
+        pl.col("return").mean().alias("mean_return"),
+        pl.col("turns").mean().alias("mean_turns"),
+        pl.col("score").mean().alias("mean_score"),
+        # share of turns (not episodes) whose output was unparseable or inadmissible, as in rollout
+        (pl.col("invalid").sum() / pl.col("turns").sum()).alias("invalid_rate"),
+        pl.len().cast(pl.Float64).alias("episodes"),
+    ]
+    overall = episodes.select(aggs).with_columns(pl.lit(None, dtype=pl.String).alias("task_type"))
+    per_type = episodes.group_by("task_type").agg(aggs).sort("task_type")
+    wide = pl.concat([overall, per_type.select(overall.columns)], how="vertical")
+    return wide.unpivot(index="task_type", on=list(EVAL_METRICS), variable_name="name").select(
+        "name", pl.col("value").cast(pl.Float64), "task_type"
+    )
+
+
+def eval_rows(
+    steps: pl.DataFrame,
+    success_outcome: float,
+    iteration: int,
+    checkpoint: str,
+    split_of: Callable[[str], str] | None = None,
+) -> pl.DataFrame:
+    """The ``eval`` table of one evaluation from its steps (pure).
+
+    Rows with ``split`` null summarize every episode. ``split_of`` (the environment's, e.g. ALFWorld's
+    valid_seen / valid_unseen from the task id) adds the same rows per split when the episodes come
+    from two or more splits, so in- and out-of-distribution results are reported separately.
+    """
+    episodes = episode_table(steps, success_outcome)
+    frames = [summary_rows(episodes).with_columns(pl.lit(None, dtype=pl.String).alias("split"))]
+    if split_of is not None:
+        splits = steps.group_by("traj_id", maintain_order=True).agg(pl.col("task_id").first())
+        labelled = episodes.with_columns(
+            split=pl.Series([split_of(t) for t in splits["task_id"].to_list()], dtype=pl.String)
+        )
+        names = labelled["split"].unique(maintain_order=True).sort()
+        if names.len() >= 2:
+            for name in names.to_list():
+                part = labelled.filter(pl.col("split") == name).drop("split")
+                frames.append(summary_rows(part).with_columns(pl.lit(name).alias("split")))
+    return pl.concat(frames).select(
+        pl.lit(iteration, dtype=pl.Int32).alias("iter"),
+        pl.lit(checkpoint).alias("checkpoint"),
+        "name",
+        "value",
+        "task_type",
+        "split",
+    )
+
+
+def eval_seed(run_seed: int, iteration: int) -> int:
+    """Seed of the evaluation of ``iteration`` (-1 = initial policy), from SeedSequence."""
+    return int(np.random.SeedSequence([run_seed, iteration + 1, EVAL_PURPOSE]).generate_state(1)[0])

@@ -1,0 +1,82 @@
+"""The evaluation of a checkpoint: which model, where its rows go, playing the held-out tasks
+(``graft eval`` and the loop's ``eval`` stage)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from schemas.config import Config
+from schemas.errors import GraftError
+from schemas.integrity import checkpoint_complete
+from schemas.manifest import verify_checkpoint_read, write_recorded_table
+from schemas.rundir import Run
+from stages.envs.base import environment_tasks
+from stages.envs.registry import make_environment
+from stages.evaluate.rows import eval_rows, eval_seed
+from stages.play.collect import collect_episodes
+from stages.policy.live_engine import live_engine
+
+
+def policy_dir(run: Run, iteration: int, config: Config) -> Path:
+    """The model an evaluation of ``iteration`` loads: checkpoint i, or the initial model for -1."""
+    if iteration < 0:
+        return run.initial_policy_dir(config)
+    path = run.checkpoint_dir(iteration)
+    if not checkpoint_complete(path):
+        raise GraftError(f"{path}: no complete checkpoint for iteration {iteration}")
+    # what its finished iteration recorded, and intact (the evaluation is what gets replaced)
+    return verify_checkpoint_read(run, iteration, skip=[output_path(run, iteration).name])
+
+
+def output_path(run: Run, iteration: int) -> Path:
+    return run.initial_eval_path if iteration < 0 else run.table_path(iteration, "eval")
+
+
+def evaluate_model(
+    run: Run,
+    config: Config,
+    model_dir: Path,
+    iteration: int,
+    checkpoint_name: str,
+    progress: object | None = None,
+) -> pl.DataFrame:
+    """Play the held-out tasks with the model in ``model_dir``; return the eval rows."""
+    import torch
+
+    torch.set_num_threads(max(1, config.run.torch_threads))
+    env = make_environment(config)
+    tasks = environment_tasks(env, "eval", config.env.eval_tasks, config.run.seed)
+    if not tasks:
+        raise GraftError(f"environment '{config.env.name}' returned no eval tasks")
+    engine = live_engine(config, model_dir, checkpoint_name)
+    steps = collect_episodes(
+        engine,
+        env,
+        tasks,
+        config.eval.group_size,
+        mode=config.rollout.mode,
+        temperature=config.eval.temperature,
+        history_length=config.rollout.history,
+        seed=eval_seed(config.run.seed, iteration),
+        iteration=max(iteration, 0),
+        policy_version=checkpoint_name,
+        progress=progress,
+        batch_size=config.rollout.batch_size,
+        batch_scope=config.rollout.batch_scope,
+        max_new_tokens=config.rollout.max_new_tokens,
+        max_prompt_tokens=config.rollout.max_prompt_tokens,
+        max_env_errors=config.rollout.max_env_errors,
+    )
+    return eval_rows(
+        steps, float(env.success_outcome), iteration, checkpoint_name, getattr(env, "split_of", None)
+    )
+
+
+def run_eval(run: Run, iteration: int, config: Config) -> None:
+    """Stage runner: evaluate the checkpoint of ``iteration`` (or the initial policy for -1)."""
+    model_dir = policy_dir(run, iteration, config)
+    name = "initial" if iteration < 0 else model_dir.name
+    rows = evaluate_model(run, config, model_dir, iteration, name)
+    write_recorded_table(run, rows, "eval", output_path(run, iteration))

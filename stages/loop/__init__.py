@@ -1,0 +1,34 @@
+"""The training loop (docs/loop.md): ``runner`` (rollout → graph → solve → advantage → update per
+iteration, resumable, with evaluation on schedule), ``preflight`` (what a start checks before it writes
+anything) and ``start`` (creating or reopening the run of ``graft loop``: the lock, and which config
+changes do not count when a run resumes)."""
+
+from stages.loop.preflight import check_startable
+from stages.loop.runner import (
+    STAGE_RUNNERS,
+    IterationResult,
+    StageRunner,
+    check_resumable,
+    eval_due,
+    iteration_summary,
+    remove_stale_temporaries,
+    run_iteration,
+    run_loop,
+)
+from stages.loop.start import loop_root, open_loop_run, resolve_loop_run
+
+__all__ = [
+    "STAGE_RUNNERS",
+    "IterationResult",
+    "StageRunner",
+    "check_resumable",
+    "check_startable",
+    "eval_due",
+    "iteration_summary",
+    "loop_root",
+    "open_loop_run",
+    "remove_stale_temporaries",
+    "resolve_loop_run",
+    "run_iteration",
+    "run_loop",
+]

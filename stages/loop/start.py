@@ -1,0 +1,74 @@
+"""Starting or resuming the run of ``graft loop``: every check before the run directory is touched, the
+run's lock, and which config changes do not count when a run resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from schemas.atomic import atomic_write_text
+from schemas.config import Config, load_config
+from schemas.errors import GraftError
+from schemas.lock import run_lock
+from schemas.rundir import Run, create_run, open_run
+from stages.loop.preflight import check_startable
+from stages.loop.runner import check_resumable
+from stages.observe.live_log import check_log_dir, require_backend
+from stages.update.lora import check_continuation
+
+
+def loop_root(config_path: str | None, run_dir: str | None, overrides: list[str]) -> tuple[Path, Config]:
+    """The run directory of a ``graft loop`` call and its validated config; reads, writes nothing."""
+    if config_path is None and run_dir is None:
+        raise GraftError("graft loop: give --config FILE (new run) or --run DIR (resume)")
+    if config_path is None:
+        config = open_run(run_dir).load_config(overrides)  # type: ignore[arg-type]
+    else:
+        config = load_config(config_path, overrides)
+    # refuse what cannot start (model directory, vLLM, CUDA, environment data, a missing optional
+    # writer) before anything is written, the run's lock file included
+    require_backend(config)
+    check_startable(config)
+    root = Path(run_dir) if run_dir is not None else Path("runs") / config.run.name
+    check_log_dir(root, config)
+    return root, config
+
+
+def resolve_loop_run(
+    config_path: str | None, run_dir: str | None, overrides: list[str], iters: int | None, force: bool
+) -> tuple[Run, Config, int]:
+    """Create or reopen the run of ``graft loop``; return it, its config and the iteration target.
+
+    Everything is checked before the run directory is touched, and the run's lock is taken before
+    config.toml is compared or written (the caller holds it on through the loop): a second loop that
+    is refused leaves the running one's config byte-identical.
+
+    ``run.iters`` is the loop's stopping point, not part of what an iteration computes, so it never
+    counts as a config change: ``--iters`` (or an edited ``run.iters``) extends or shortens a run
+    without ``--force``, and the saved config records the newest target. ``[checkpoint]`` retention,
+    ``[log]`` and ``[cluster]`` (where the rollout runs) are treated the same way.
+    """
+    return open_loop_run(*loop_root(config_path, run_dir, overrides), iters, force)
+
+
+def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) -> tuple[Run, Config, int]:
+    """``resolve_loop_run`` after ``loop_root``: take the lock, then create or check the run."""
+    target = iters if iters is not None else config.run.iters
+    if target < 0:
+        raise GraftError(f"--iters {target}: must be >= 0")
+    with run_lock(root):
+        saved_path = root / "config.toml"
+        bookkeeping = (config.checkpoint, config.log, config.cluster)
+        if saved_path.is_file():
+            check_resumable(Run(root), target)  # a changed iteration is refused before anything is written
+            check_continuation(Run(root), config)  # so is a LoRA setting the next update would ignore
+            saved = load_config(saved_path)
+            # compare everything but what never changes an iteration's tables: the stopping point,
+            # checkpoint retention, live logging and the executor
+            config.run.iters, config.checkpoint, config.log = saved.run.iters, saved.checkpoint, saved.log
+            config.cluster = saved.cluster
+        run = create_run(root, config, force=force)
+        if (config.run.iters, config.checkpoint, config.log, config.cluster) != (target, *bookkeeping):
+            config.run.iters = target
+            config.checkpoint, config.log, config.cluster = bookkeeping
+            atomic_write_text(run.config_path, config.to_toml())
+    return run, config, target

@@ -1,0 +1,61 @@
+"""The initial policy of a run, built from the config: ``model.path`` or the tiny model, then the warm
+start cloned from it; and the policy that acts in an iteration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from schemas.config import Config
+from schemas.manifest import acting_checkpoint
+from schemas.rundir import Run
+from stages.envs.registry import make_environment
+from stages.policy.engine import INITIAL_VERSION
+from stages.warmstart.demos import make_demo_environment
+
+
+def ensure_initial_model(run: Run, config: Config) -> Path:
+    """The initial (reference) policy, made once: ``model.path`` or the tiny model built into
+    ``run/model``, then — when ``sft.enabled`` — the warm start cloned from it into ``run/sft/model``."""
+    from stages.policy.models import check_model_dir
+
+    if config.model.path:
+        base = check_model_dir(config.model.path)
+    else:
+        base = run.initial_model_dir
+        if not (base / "config.json").is_file():  # the directory is renamed into place complete
+            build_tiny_for_config(base, config)
+    if not config.sft.enabled:
+        return base
+    from stages.warmstart.sft import run_sft
+
+    return run_sft(run, config, base)
+
+
+def build_tiny_for_config(out: Path, config: Config) -> Path:
+    """Build the tiny model of ``config`` (env, run seed, model.tiny_*) into ``out``."""
+    from stages.policy.tiny import TinySpec, build_tiny_model
+
+    spec = TinySpec(
+        hidden=config.model.tiny_hidden, layers=config.model.tiny_layers, heads=config.model.tiny_heads
+    )
+    info = {"env": config.env.name, "env_options": dict(config.env.options)}
+    # the warm start's rooms may show words the run's do not
+    also = [make_demo_environment(config)] if config.sft.enabled and config.sft.env_options else []
+    return build_tiny_model(
+        out,
+        make_environment(config),
+        also=also,
+        seed=config.run.seed,
+        spec=spec,
+        tasks_per_split=config.model.tiny_vocab_tasks,
+        info=info,
+    )
+
+
+def policy_for_iteration(run: Run, iteration: int, config: Config) -> tuple[Path, str]:
+    """(model directory, policy_version) acting in ``iteration``: the checkpoint of iteration - 1 (an error
+    when it is missing), or the initial model in iteration 0."""
+    checkpoint = acting_checkpoint(run, iteration, "rollout")
+    if checkpoint is not None:
+        return checkpoint, checkpoint.name
+    return ensure_initial_model(run, config), INITIAL_VERSION

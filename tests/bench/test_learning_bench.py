@@ -1,0 +1,116 @@
+"""The learning benchmark's held-out table (bench/learning_bench.py): means over seeds with their
+standard errors, hand-computed from hand-built eval tables."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from tests.helpers.paths import REPO
+
+ROOT = REPO
+sys.path.insert(0, str(ROOT / "bench"))
+
+from learning_bench import eval_table, paired_differences, paired_verdict, success_table  # noqa: E402
+
+from schemas import write_table  # noqa: E402
+from schemas.config import Config  # noqa: E402
+from schemas.rundir import create_run  # noqa: E402
+from stages.evaluate import eval_rows, output_path  # noqa: E402
+
+
+def one_turn_episodes(wins: int, episodes: int) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "traj_id": [f"t{i}" for i in range(episodes)],
+            "task_type": ["pick"] * episodes,
+            "step": [0] * episodes,
+            "reward": [0.0] * episodes,
+            "outcome": [10.0 if i < wins else 0.0 for i in range(episodes)],
+        }
+    )
+
+
+def run_with_evals(root: Path, initial_wins: int, last_wins: int, episodes: int = 64) -> Path:
+    """A run whose initial policy won ``initial_wins`` and whose checkpoint of iteration 1 (after 2
+    updates) won ``last_wins`` of ``episodes`` held-out episodes."""
+    run = create_run(root, Config())
+    for iteration, wins in ((-1, initial_wins), (1, last_wins)):
+        if iteration >= 0:
+            run.iter_dir(iteration).mkdir(parents=True, exist_ok=True)
+        rows = eval_rows(one_turn_episodes(wins, episodes), 10.0, iteration, f"ck{iteration}")
+        write_table(rows, "eval", output_path(run, iteration))
+    return run.root
+
+
+def cells(table: str) -> list[str]:
+    return [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+
+
+def test_held_out_table_gives_means_over_seeds_with_their_standard_errors(tmp_path: Path) -> None:
+    a = run_with_evals(tmp_path / "a", 16, 32)  # 0.25 -> 0.50
+    b = run_with_evals(tmp_path / "b", 16, 48)  # 0.25 -> 0.75
+    row = cells(eval_table({"graft": [a, b]}))
+    # last: mean 0.625, s.e. over the two seeds std([0.5, 0.75], ddof=1)/√2 = 0.125; paired change
+    # 0.375 ± 0.125; one evaluation's own noise: √(mean(0.25/63, 0.1875/63)) = 0.0589
+    assert row == ["graft", "64", "0.250 ± 0.000", "0.625 ± 0.125 (2)", "+0.375 ± 0.125", "0.059"]
+
+
+def test_held_out_table_of_one_seed_uses_the_binomial_standard_error(tmp_path: Path) -> None:
+    a = run_with_evals(tmp_path / "a", 16, 32)
+    row = cells(eval_table({"graft": [a]}))
+    initial, last = (0.25 * 0.75 / 63) ** 0.5, (0.25 / 63) ** 0.5
+    assert row[2] == f"0.250 ± {initial:.3f}" and row[3] == f"0.500 ± {last:.3f} (2)"
+    assert row[4] == f"+0.250 ± {(initial**2 + last**2) ** 0.5:.3f}"
+    assert float(row[5]) == pytest.approx(last, abs=5e-4)
+
+
+def run_with_curve(root: Path, success: list[float], last_eval_wins: int) -> Path:
+    """A run whose training rollouts succeeded ``success[i]`` in iteration i (64 held-out episodes
+    evaluated before and after, ``last_eval_wins`` of them won at the end)."""
+    run_with_evals(root, 32, last_eval_wins)
+    for i, value in enumerate(success):
+        folder = root / f"iter_{i:04d}"
+        folder.mkdir(exist_ok=True)
+        rows = pl.DataFrame(
+            {"iter": [i], "stage": ["rollout"], "name": ["success_rate"], "value": [value], "task_type": [None]},
+            schema={"iter": pl.Int32, "stage": pl.String, "name": pl.String, "value": pl.Float64,
+                    "task_type": pl.String},
+        )  # fmt: skip
+        write_table(rows, "metrics", folder / "metrics_rollout.parquet")
+    return root
+
+
+def test_paired_differences_and_the_rule_hand_computed(tmp_path: Path) -> None:
+    runs = {
+        "graft-literal": [
+            run_with_curve(tmp_path / "graft-literal-s0", [0.2, 0.4], 32),  # AUC 0.3
+            run_with_curve(tmp_path / "graft-literal-s1", [0.5, 0.5], 32),  # AUC 0.5
+        ],
+        "graft-markov": [
+            run_with_curve(tmp_path / "graft-markov-s0", [0.4, 0.8], 40),  # AUC 0.6: +0.3
+            run_with_curve(tmp_path / "graft-markov-s1", [0.6, 0.6], 24),  # AUC 0.6: +0.1
+        ],
+        "graft-bootstrap": [  # seed 1 only: paired with the baseline's seed 1
+            run_with_curve(tmp_path / "graft-bootstrap-s1", [0.6, 0.8], 32),  # AUC 0.7: +0.2
+        ],
+    }
+    _, curves = success_table(runs, 1)
+    table, auc = paired_differences(curves, runs, "graft-literal")
+    # differences +0.3 and +0.1: mean 0.2, s.e. std([0.3, 0.1], ddof=1)/√2 = 0.1; held-out last
+    # (40 - 32)/64 = +0.125 and (24 - 32)/64 = -0.125: mean 0, s.e. 0.125
+    assert auc["graft-markov"] == pytest.approx((0.2, 0.1))
+    markov = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+    assert markov == ["graft-markov", "2", "+0.200 ± 0.100", "2 of 2", "+0.200 ± 0.100", "+0.000 ± 0.125"]
+    assert auc["graft-bootstrap"][0] == pytest.approx(0.2) and np.isnan(auc["graft-bootstrap"][1])
+    rule = paired_verdict(auc, "graft-literal")
+    # 0.2 is not more than 2 s.e. = 0.2; one seed (no s.e.) is never ahead
+    assert "graft-markov − graft-literal = +0.200 (2 paired s.e. = 0.200): not ahead" in rule
+    assert "graft-bootstrap − graft-literal = +0.200 (2 paired s.e. = nan): not ahead" in rule
+    assert "**ahead**" not in rule
+    ahead = paired_verdict({"graft-markov": (0.2, 0.099)}, "graft-literal")
+    assert "graft-markov − graft-literal = +0.200 (2 paired s.e. = 0.198): **ahead**" in ahead

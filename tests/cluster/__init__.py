@@ -1,0 +1,1 @@
+"""Tests of stages/cluster/: the Ray executor."""

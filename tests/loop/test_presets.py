@@ -1,0 +1,95 @@
+"""The CPU presets configs/cpu/<env>.toml: each loads, runs on CPU without a download, and plays one
+real iteration end to end (sizes shrunk with --set so that it takes seconds)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from graft_cli.app import app
+from schemas import read_table
+from schemas.config import load_config
+from tests.helpers.paths import REPO
+
+ROOT = REPO
+# the tiny-model twins of the GPU configs; a real-model preset (model.path set: household_smollm2)
+# is tested with its model in tests/policy/test_real_model.py
+PRESETS = sorted(p for p in (ROOT / "configs" / "cpu").glob("*.toml") if not load_config(p).model.path)
+# the configs written for a GPU (a real model through vLLM); the CPU ones need no preset
+GPU_CONFIGS = {p.stem for p in (ROOT / "configs").glob("*.toml") if load_config(p).rollout.engine == "vllm"}
+ALFWORLD_DATA = Path(
+    os.environ.get("ALFWORLD_DATA") or ROOT / ".." / "shared" / "data" / "alfworld"
+).resolve()
+# one task, two rollouts of two turns, a 1-layer model: the real stages in seconds
+TINY = [
+    "rollout.groups=1",
+    "rollout.group_size=2",
+    "env.max_turns=2",
+    "env.train_tasks=1",
+    "env.eval_tasks=1",
+    "eval.group_size=1",
+    "model.tiny_vocab_tasks=1",
+    "model.tiny_hidden=16",
+    "model.tiny_layers=1",
+    "model.tiny_heads=2",
+    "update.minibatch_size=8",
+]
+
+
+def test_every_gpu_config_has_a_cpu_preset() -> None:
+    assert {p.stem for p in PRESETS} == GPU_CONFIGS
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_preset_is_a_cpu_run_of_its_environment(preset: Path) -> None:
+    config = load_config(preset)
+    gpu = load_config(ROOT / "configs" / preset.name)
+    assert config.env.name == gpu.env.name == preset.stem
+    assert (config.run.device, config.rollout.engine, config.model.path) == ("cpu", "hf", "")
+    assert config.run.name == f"{preset.stem}-cpu"  # never the same run directory as the GPU config
+    # choose mode wherever the environment lists admissible actions (search is free text)
+    assert config.rollout.mode == ("generate" if preset.stem == "search" else "choose")
+    assert config.rollout.groups * config.rollout.group_size <= 32
+    assert config.env.max_turns == gpu.env.max_turns or config.env.max_turns <= gpu.env.max_turns
+
+
+def _extra_sets(env: str, tmp_path: Path) -> list[str]:
+    if env == "alfworld":
+        if importlib.util.find_spec("alfworld") is None:
+            pytest.skip("the alfworld package is not installed (pip install -e '.[envs]')")
+        if not (ALFWORLD_DATA / "json_2.1.1").is_dir():
+            pytest.skip(f"no ALFWorld data at {ALFWORLD_DATA} (set ALFWORLD_DATA)")
+        return [f"env.data={ALFWORLD_DATA}"]
+    if env == "textworld":
+        if importlib.util.find_spec("textworld") is None:
+            pytest.skip("the textworld package is not installed (pip install -e '.[envs]')")
+        return [f'env.options.cache_dir="{tmp_path / "games"}"']
+    if env == "search" and importlib.util.find_spec("bm25s") is None:
+        pytest.skip("bm25s is not installed (pip install -e '.[envs]')")
+    return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_preset_runs_one_tiny_iteration(preset: Path, tmp_path: Path) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    sets = [*TINY, *_extra_sets(preset.stem, tmp_path)]
+    run_dir = tmp_path / "run"
+    args = ["loop", "--config", str(preset), "--run", str(run_dir), "--iters", "1"]
+    result = CliRunner().invoke(app, [*args, *[a for s in sets for a in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    steps = read_table(run_dir / "iter_0000" / "steps.parquet", "steps")
+    assert steps["group_id"].n_unique() == 1 and steps["traj_id"].n_unique() == 2
+    assert steps.group_by("traj_id").len()["len"].max() <= 2  # max_turns
+    assert (run_dir / "checkpoints" / "iter_0000").is_dir()
+    evals = read_table(run_dir / "iter_0000" / "eval.parquet", "eval")
+    success = evals.filter((pl.col("name") == "success_rate") & pl.col("task_type").is_null())["value"]
+    assert success.len() == 1 and 0.0 <= success[0] <= 1.0
+    assert "iter    0" in result.output

