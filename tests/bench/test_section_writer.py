@@ -6,7 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from tests.helpers.paths import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
 
 from section_writer import provenance, write_section  # noqa: E402
 
@@ -29,7 +31,7 @@ def test_the_stamp_names_the_commit() -> None:
     import subprocess
 
     head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
     ).stdout.strip()
     stamp = provenance("python bench/x.py")
     assert stamp.startswith("Command: `python bench/x.py` · commit ")
