@@ -1,4 +1,4 @@
-"""Benchmark of the advantage stages (SPEC §10): graph + solve + advantage on ~1M synthetic steps.
+"""Benchmark of the advantage stages (docs/design.md §10): graph + solve + advantage on ~1M synthetic steps.
 
     python bench/advantage_bench.py [--steps 1000000] [--large-steps 4000000] [--ref-steps 20000]
                                     [--no-similarity] [--no-write]
@@ -12,7 +12,7 @@ Measures, each timed piece in its own subprocess (so peak RSS is that piece's ow
      (imports, validation, the three stages, metrics and every output written atomically); CLI / I/O.
      1-3 are each the best of 3, interleaved (wall and CPU seconds).
   4. the same pipeline and CLI once on --large-steps steps (0: skip): time and memory vs 1M.
-  5. literal reference (tests/reference_graft.py) vs the vectorized stages on ~20k steps, results
+  5. literal reference (tests/helpers/reference_graft.py) vs the vectorized stages on ~20k steps, results
      asserted equal; the speed-up.
   6. similarity canonicalization: MiniLM encoding time vs clustering time on the distinct states.
 Prints a table and writes the "Advantage stages" section of docs/results/speed.md. Not a test.
@@ -370,7 +370,7 @@ def main() -> None:
         f"I/O floor and the CLI are each the best of {REPEATS} interleaved runs, wall and CPU minimized "
         f"separately; load average {os.getloadavg()[0]:.1f} when it ended).",
         "",
-        f"Input: `stages.synth.synth_steps` with {json.dumps(SYNTH)}: {made['rows']:,} steps, "
+        f"Input: `stages.credit.synth.synth_steps` with {json.dumps(SYNTH)}: {made['rows']:,} steps, "
         f"{made['groups']:,} groups, {made['trajectories']:,} trajectories; {pipe['nodes']:,} nodes; "
         f"Parquet files {size_mib:.0f} MiB in all. Exact canonicalization, truncation fail, γ = {GAMMA}, "
         f"graft with Graph GAE (λ = {LAM}) and node normalization. Solve sweeps: max {pipe['sweeps_max']}, "
@@ -402,7 +402,7 @@ def main() -> None:
         f"| peak RSS: pipeline process / CLI process | {pipe['maxrss_mib']:.0f} MiB / "
         f"{cli['maxrss_mib']:.0f} MiB | | bounded |",
         "",
-        f"Literal reference (`tests/reference_graft.py`: dicts, node-by-node Gauss–Seidel, k-hop sets) on "
+        f"Literal reference (`tests/helpers/reference_graft.py`: dicts, node-by-node Gauss–Seidel, k-hop sets) on "
         f"{ref['rows']:,} steps: {ref['reference']:.2f} s ({ref['reference_cpu']:.2f} s CPU) vs "
         f"{ref['fast']:.3f} s ({ref['fast_cpu']:.3f} s CPU) vectorized (graph + solve + advantage, in memory, "
         f"best of 3; reference best of 2): **{speedup:.0f}× faster** ({speedup_cpu:.0f}× in CPU time; goal ≥ 50×). Results "
@@ -437,7 +437,7 @@ def main() -> None:
         "set-level part switches itself off (it pays when under half the rows walk). Zeroing the noise "
         "sums would let only 343k rows walk and cut the Graph GAE by ~22% (measured), but it moves "
         "advantages by up to 0.04 where node normalization divides a noise-level spread (95k rows by "
-        "more than 1e-3): that belongs with the normalization's noise threshold (SPEC §4), not here. "
+        "more than 1e-3): that belongs with the normalization's noise threshold (docs/design.md §4), not here. "
         "Measured 2026-12-01 under load average ~9: `pl.read_parquet` reads the 1M steps in 0.38 s CPU "
         "against 0.65 s for pyarrow + conform (best of 3); the metrics of the graph and solve stages "
         "with per-task-type rows take 0.26 s CPU against 1.16 s for the previous per-type loop.",

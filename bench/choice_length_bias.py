@@ -1,4 +1,4 @@
-"""Does choose mode's score favour long actions on a real model? (issue 26 item 5)
+"""Does choose mode's score favour long actions on a real model?
 
     python bench/choice_length_bias.py [--groups 4] [--no-write]
 
@@ -6,7 +6,7 @@ SmolLM2-135M-Instruct (``graft init-model --gguf smollm2``) plays a few choose-m
 household world; at every turn each admissible action is scored three ways from the same per-token
 log-probs (the prompt ends with ``<action>``):
 
-* ``mean``  -- graft's choose mode (SPEC §6): softmax_j of the mean log-prob of action j's tokens;
+* ``mean``  -- graft's choose mode (docs/design.md §6): softmax_j of the mean log-prob of action j's tokens;
 * ``sum``   -- softmax_j of the summed log-probs (the probability of the tokens, no end marker);
 * ``exact`` -- softmax_j of the summed log-probs of action j followed by ``</action>``: the probability
   that generate mode, started at ``<action>``, writes exactly action j, renormalized over the

@@ -1,4 +1,4 @@
-"""The credit stages under the two readings, side by side in one run (SPEC §10; issue: RL that improves
+"""The credit stages under the two readings, side by side in one run (docs/design.md §10; issue: RL that improves
 the warm start): protocol v4's (``solve.step_rewards = "values"``, ``advantage.gae_horizon = "literal"``)
 against the default (``"step"``, ``"markov"``) on the same ~1M synthetic steps.
 

@@ -1,6 +1,6 @@
-"""Estimator accuracy (paper Proposition 1, SPEC §10): step credit vs the exact advantage A^π.
+"""Estimator accuracy (paper Proposition 1, docs/design.md §10): step credit vs the exact advantage A^π.
 
-On random layered sparse-reward MDPs with a known stochastic policy (``stages.synth``, ``truth=True``),
+On random layered sparse-reward MDPs with a known stochastic policy (``stages.credit.synth``, ``truth=True``),
 each group's N rollouts go through the real pipeline (``build_graph`` exact, ``solve_values``, the
 registered estimators). Every estimator's step credit *before normalization* is compared with the
 exact A^π(s_t, a_t) of the same row:
@@ -248,7 +248,7 @@ def section(
     return f"""{SECTION}
 
 `python bench/estimator_accuracy.py` ({seconds:.0f} s on this machine). Random layered sparse-reward MDPs
-from `stages.synth` (`truth=True`: {args.groups} groups per seed, horizon {args.horizon}, width {args.width},
+from `stages.credit.synth` (`truth=True`: {args.groups} groups per seed, horizon {args.horizon}, width {args.width},
 3 actions + an invalid one (10%, reward −0.1), merge {args.merge}, success reward 1, truncation 0.1), a known
 stochastic policy and the exact A^π = Q^π − V^π of every sampled step by backward induction. γ = {args.gamma}
 in the truth, the solve and every return (the MDPs are acyclic). N rollouts per group through the real
@@ -299,7 +299,7 @@ Every Monte Carlo credit is worse than zero credit in MSE:
 - rtmc, which averages returns per (s, a), is the best of them.
 
 Trajectory GAE moves steadily from TD (small λ) to return − V̂ (λ = 1). Graph GAE at λ = 0.95 matches
-TD in MSE to 4 digits, as the fixed-point property in SPEC §4 predicts. It differs only near nodes that
+TD in MSE to 4 digits, as the fixed-point property in docs/design.md §4 predicts. It differs only near nodes that
 mix ends and continuations.
 
 Rank agreement tells a different story. At N = 4 and N = 8 the outcome-driven credits (graphgpo's distance
@@ -313,7 +313,7 @@ MSE is 0.051 / 0.041 / 0.031 against zero credit at 0.052, rtmc at 0.063 / 0.056
 How "before normalization" was obtained:
 - graft ran with normalize = none.
 - rloo and rtmc are unnormalized by definition.
-- For grpo, gigpo, salt and graphgpo, `stages.advantage.baselines.unnormalized_credit` returns the
+- For grpo, gigpo, salt and graphgpo, `stages.credit.advantage.baselines.unnormalized_credit` returns the
   parts before the std division:
   - grpo: G_i − Ḡ, the paper's X^E.
   - gigpo: the step part G_t − Ḡ(s) with γ set to the truth's γ, without the episode term (the paper's

@@ -1,4 +1,4 @@
-"""Learning benchmark (SPEC §10): one config, several seeds, one run per estimator variant; success
+"""Learning benchmark (docs/design.md §10): one config, several seeds, one run per estimator variant; success
 rate vs iteration written as tables into a section of a results file (docs/results/, ``--results``).
 
     python bench/learning_bench.py [--config configs/quickstart.toml] [--iters 20] [--seeds 0 1 2]
@@ -273,7 +273,7 @@ def mean_with_se(values: np.ndarray, single_se: float = float("nan")) -> tuple[f
 def eval_table(runs: dict[str, list[Path]]) -> str:
     """Markdown: held-out success of the initial and the last evaluated policy per variant, each the
     mean over seeds ± its standard error (over seeds when there are several; one seed: the binomial
-    s.e. of that run's episodes, ``stages.evaluate.success_standard_error``), the change last −
+    s.e. of that run's episodes, ``stages.observe.report.success_standard_error``), the change last −
     initial paired by seed, the episodes per evaluation and the s.e. of one evaluation (the root mean
     square of the runs' binomial s.e. of the last evaluation: the eval's own sampling noise)."""
     from stages.observe.report import success_standard_error

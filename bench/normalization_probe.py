@@ -49,7 +49,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ZERO = 1e-5  # stages.advantage.graft.ZERO_TOL: |x| below it is solver noise, normalized to 0
+ZERO = 1e-5  # stages.credit.advantage.graft.ZERO_TOL: |x| below it is solver noise, normalized to 0
 
 
 def credit_rows(steps: pl.DataFrame, edges: pl.DataFrame, advantages: pl.DataFrame) -> pl.DataFrame:

@@ -9,7 +9,7 @@ the commit, the numbers the README quotes (held-out success with its standard er
 ``training_sha256``, a digest of what the run trained on (``training_digest``): a rerun, or a change
 that must leave training alone (an evaluation setting, a report), reproduces it.
 
-    python bench/quickstart_docs.py --digest RUN [RUN ...]   # print the training digest of runs tests/test_quickstart_docs.py fails when the config
+    python bench/quickstart_docs.py --digest RUN [RUN ...]   # print the training digest of runs tests/loop/test_quickstart_docs.py fails when the config
 or a default it resolves to changes without the docs being regenerated, and when the README quotes
 other numbers than the provenance holds.
 """

@@ -6,7 +6,7 @@ Measures, in one process and one torch thread:
    in ``choose`` mode and in ``generate`` mode: steps/s, tokens/s (prompt + response tokens of the
    executed turns), turns, and the per-decision latency (wall time of the iteration / steps, i.e.
    amortized over the lockstep batch).
-2. The SPEC §6 fact: scoring 10 actions after a 300-token prompt for one episode, with the prompt's
+2. The docs/design.md §6 fact: scoring 10 actions after a 300-token prompt for one episode, with the prompt's
    KV cache reused (``score_choices_batch``) vs a plain forward of every (prompt + action) sequence,
    as a ratio in the same run.
 

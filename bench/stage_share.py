@@ -1,4 +1,4 @@
-"""Share of iteration time per stage, from the loop's ``metrics_loop`` rows (SPEC §10: the advantage
+"""Share of iteration time per stage, from the loop's ``metrics_loop`` rows (docs/design.md §10: the advantage
 stages should be < 1% of an iteration at quickstart scale).
 
     python bench/stage_share.py RUN [RUN ...] [--markdown]

@@ -1,4 +1,4 @@
-"""Run configuration: TOML files validated into typed dataclasses (SPEC §9).
+"""Run configuration: TOML files validated into typed dataclasses (docs/design.md §9).
 
 Every section is a dataclass with defaults; loading rejects unknown keys with an error listing the
 valid ones; ``--set a.b=c`` overrides any key (the value is parsed as a TOML literal, falling back
@@ -97,7 +97,7 @@ class ModelConfig:
 
 @dataclass
 class RolloutConfig:
-    """How the policy acts (SPEC §6)."""
+    """How the policy acts (docs/design.md §6)."""
 
     engine: Literal["hf", "vllm"] = setting("hf", DEFAULT)
     mode: Literal["generate", "choose"] = setting("choose", DEFAULT, others={"generate": PAPER})
@@ -125,7 +125,7 @@ class RolloutConfig:
 
 @dataclass
 class GraphConfig:
-    """Trajectory-graph construction (SPEC §4 Graph)."""
+    """Trajectory-graph construction (docs/design.md §4 Graph)."""
 
     canonicalize: Literal["exact", "similarity"] = setting("exact", PAPER, others={"similarity": PAPER})
     tau: float = setting(0.9, PAPER)
@@ -141,19 +141,19 @@ class GraphConfig:
 
 @dataclass
 class SolveConfig:
-    """Bellman value iteration (SPEC §4 Solve)."""
+    """Bellman value iteration (docs/design.md §4 Solve)."""
 
     gamma: float = setting(0.99, PAPER)
     eps: float = setting(1e-8, DEFAULT)
     # where a step's own reward r_t (the invalid penalty, per-step rewards) goes: "step" = into that
     # step's credit only, node values from the outcomes alone (Eq. 7-8, the paper's); "values" = into
-    # the Bellman backup V(u) = mean(r_e + γV(v)) as protocols v1-v4 ran it (credits waiting where V < 0)
+    # the Bellman backup V(u) = mean(r_e + γV(v)), a legacy reading that credits waiting where V < 0
     step_rewards: Literal["step", "values"] = setting("step", PAPER, others={"values": LEGACY})
 
 
 @dataclass
 class AdvantageConfig:
-    """Step credit (SPEC §4 Advantage and Baselines)."""
+    """Step credit (docs/design.md §4 Advantage and Baselines)."""
 
     estimator: str = setting("graft", PAPER)
     gae: Literal["graph", "trajectory", "none"] = setting(
@@ -207,7 +207,7 @@ class LoraConfig:
 
 @dataclass
 class UpdateConfig:
-    """Policy update (SPEC §7)."""
+    """Policy update (docs/design.md §7)."""
 
     objective: Literal["grpo_c", "grpo"] = setting("grpo_c", PAPER, others={"grpo": PAPER})
     lr: float = setting(1e-6, PAPER)
@@ -239,7 +239,7 @@ class UpdateConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation on held-out tasks (SPEC §8)."""
+    """Evaluation on held-out tasks (docs/design.md §8)."""
 
     temperature: float = setting(0.4, PAPER)
     group_size: int = setting(1, DEFAULT)
@@ -249,7 +249,7 @@ class EvalConfig:
 
 @dataclass
 class SftConfig:
-    """Warm start before iteration 0 (SPEC §6): behaviour cloning of expert demos (``graft sft``).
+    """Warm start before iteration 0 (docs/design.md §6): behaviour cloning of expert demos (``graft sft``).
 
     When enabled, its checkpoint (``<run>/sft/model``) is the run's initial policy and KL reference.
     """
@@ -306,7 +306,7 @@ class LogConfig:
 
 @dataclass
 class ClusterConfig:
-    """Where the loop's rollout runs (SPEC §12, docs/scaling.md "The Ray executor"); like ``[checkpoint]``
+    """Where the loop's rollout runs (docs/design.md §12, docs/scaling.md "The Ray executor"); like ``[checkpoint]``
     and ``[log]`` it never changes what a run computes, so a resumed run may switch executors."""
 
     # ray: rollout groups on a pool of Ray actors

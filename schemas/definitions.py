@@ -1,4 +1,4 @@
-"""Every graft table, defined once: columns, Arrow types, nullability, meaning, version (SPEC §3).
+"""Every graft table, defined once: columns, Arrow types, nullability, meaning, version (docs/design.md §3).
 
 A table is a Parquet file (zstd) whose key-value metadata holds ``graft.table`` and
 ``graft.schema_version``. Bump a table's ``version`` whenever its columns change.

@@ -1,4 +1,4 @@
-"""The run directory (SPEC §8):
+"""The run directory (docs/design.md §8):
 
     runs/<name>/config.toml                resolved config the run is pinned to
     runs/<name>/iter_NNNN/<table>.parquet  the tables of iteration NNNN

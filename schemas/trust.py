@@ -27,7 +27,7 @@ def saved_runs_trusted() -> bool:
     return _TRUST_RUNS[0]
 
 
-# A run directory is data, not code (SPEC §11): someone else's run must not run Python on this machine
+# A run directory is data, not code (docs/design.md §11): someone else's run must not run Python on this machine
 # through its saved config. ``graft --trust-run`` (schemas.trust) turns the rule off for one process.
 
 

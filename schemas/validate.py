@@ -1,4 +1,4 @@
-"""The steps-table validation rules of SPEC §3, vectorized with polars.
+"""The steps-table validation rules of docs/design.md §3, vectorized with polars.
 
 Each rule finds its first offending row; the error names the file, the trajectory, the row and the
 rule, e.g. ``runs/a/iter_0001/steps.parquet: trajectory 't3' (row 17): steps not contiguous from 0``.

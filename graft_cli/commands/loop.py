@@ -1,4 +1,4 @@
-"""``graft loop``, ``graft eval``, ``graft report``, ``graft viz`` (SPEC §8)."""
+"""``graft loop``, ``graft eval``, ``graft report``, ``graft viz`` (docs/design.md §8)."""
 
 from __future__ import annotations
 

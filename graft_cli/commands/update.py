@@ -1,4 +1,4 @@
-"""``graft update RUN --iter I``: the policy update stage (SPEC §7); ``graft export``: a checkpoint
+"""``graft update RUN --iter I``: the policy update stage (docs/design.md §7); ``graft export``: a checkpoint
 as a plain model directory.
 
 Under ``torchrun --nproc_per_node K $(which graft) update RUN --iter I`` the same command shards each

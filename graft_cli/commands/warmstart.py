@@ -1,4 +1,4 @@
-"""Warm-start commands (SPEC §6): ``graft demos`` (expert play into a steps table) and ``graft sft``
+"""Warm-start commands (docs/design.md §6): ``graft demos`` (expert play into a steps table) and ``graft sft``
 (behaviour cloning of the demos: the run's initial policy)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where the loop's rollout stage runs beyond the driver process (SPEC §12, docs/scaling.md).
+"""Where the loop's rollout stage runs beyond the driver process (docs/design.md §12, docs/scaling.md).
 
 ``cluster.executor = "local"`` (the default) plays an iteration's groups in the loop's own process;
 ``"ray"`` spreads them over a pool of Ray actors, one ``--shard i/n`` share each

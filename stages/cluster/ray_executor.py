@@ -1,4 +1,4 @@
-"""``graft loop --executor ray``: the rollout stage on a pool of Ray actors (SPEC §12).
+"""``graft loop --executor ray``: the rollout stage on a pool of Ray actors (docs/design.md §12).
 
 ``RayRolloutPool`` is the loop's rollout stage runner. Per iteration it sends shard i of n to actor i
 (group g to actor g mod n, ``--shard i/n`` semantics, n = min(cluster.rollout_workers,

@@ -1,6 +1,6 @@
 """GRAFT step credit from Python, and the graph / solve / advantage stage runners.
 
-For people who bring their own rollouts (a steps table per SPEC §3, e.g. converted from verl-agent
+For people who bring their own rollouts (a steps table per docs/design.md §3, e.g. converted from verl-agent
 or TRL)::
 
     import polars as pl

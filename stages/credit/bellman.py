@@ -1,11 +1,11 @@
-"""Node values by Bellman iteration on every group's trajectory graph (SPEC §4 Solve, paper Sec. 3.2).
+"""Node values by Bellman iteration on every group's trajectory graph (docs/design.md §4 Solve, paper Sec. 3.2).
 
 Equation (Eq. 5-7, ends as terminal outcomes V(S_T) = R), per node u of a group, with
 n_u = out_edges(u) + ends(u) raw instances:
 
     step_rewards = "step" (default, the paper's):
         V(u) = (1 / n_u) [ Σ_{e ∈ out(u)} γ V(dst_e) + Σ_{ends at u} R ]
-    step_rewards = "values" (protocols v1-v4):
+    step_rewards = "values" (legacy):
         V(u) = (1 / n_u) [ Σ_{e ∈ out(u)} (r_e + γ V(dst_e)) + Σ_{ends at u} R ]
 
 (π̂(a|u) P̂(v|u,a) = count(u,a,v) / count(u)). A node that is only an end gets the mean outcome there;

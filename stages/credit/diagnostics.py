@@ -1,4 +1,4 @@
-"""Graph diagnostics as long-format metrics rows (SPEC §4 end, paper App. D.2-D.3).
+"""Graph diagnostics as long-format metrics rows (docs/design.md §4 end, paper App. D.2-D.3).
 
 Metric names (stage ``graph``):
   groups, nodes, edges, ends                      counts over all groups

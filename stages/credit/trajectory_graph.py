@@ -1,4 +1,4 @@
-"""Trajectory graphs: state canonicalization φ and the nodes/edges tables (SPEC §4 Graph, paper Sec. 3.1).
+"""Trajectory graphs: state canonicalization φ and the nodes/edges tables (docs/design.md §4 Graph, paper Sec. 3.1).
 
 For every rollout group the N trajectories are merged into one directed multigraph:
 
@@ -146,7 +146,7 @@ def _rank_within(groups: np.ndarray) -> np.ndarray:
 def _constrained_leader_clusters(
     unit: np.ndarray, tau: float, end_class: np.ndarray, link_a: np.ndarray, link_b: np.ndarray
 ) -> np.ndarray:
-    """Greedy leader clustering (rows in order) that keeps the two structural rules of SPEC §4.
+    """Greedy leader clustering (rows in order) that keeps the two structural rules of docs/design.md §4.
 
     Row i joins the earliest-created cluster whose leader has cosine >= tau, has the same
     ``end_class`` (-1 = not an end; else the code of the end's outcome) and holds no row that i is
@@ -238,7 +238,7 @@ def _structural_rules(
     n_keys: int,
     truncation: str,
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """Per key its end class, and the key pairs that must not share a node (SPEC §4 Graph).
+    """Per key its end class, and the key pairs that must not share a node (docs/design.md §4 Graph).
 
     End class: -1 for a state no trajectory ends at; else the (dense) code of the outcome R of the
     first trajectory that ends there -- an end state is the next_state of a trajectory's last row

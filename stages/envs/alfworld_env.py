@@ -19,7 +19,7 @@ common folder. A task set is the pool
 sorted by task id, permuted by ``numpy.random.default_rng(SeedSequence([seed, split]))``; the first
 ``count`` are taken and, if ``count`` exceeds the pool, the permutation repeats (as the built-in envs do).
 
-Reward (SPEC §5): step reward 0; a won episode ends with outcome ``success_outcome`` = 10, anything
+Reward (docs/design.md §5): step reward 0; a won episode ends with outcome ``success_outcome`` = 10, anything
 else 0; the Episode wrapper adds −0.1 per invalid action and truncates at ``max_turns`` (50).
 
 State key: observation + location + inventory + sorted admissible commands. The location is the

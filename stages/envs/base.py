@@ -8,7 +8,7 @@ An environment is a factory of deterministic task sets plus a stateful game per 
     first = game.reset(tasks[0])                              # Observation
     result = game.step("go to countertop 1")                  # Transition
 
-``Episode`` wraps a game with the rules shared by every environment (SPEC §5–6, §11): an invalid
+``Episode`` wraps a game with the rules shared by every environment (docs/design.md §5–6, §11): an invalid
 action (None = unparseable, or not admissible) costs ``invalid_penalty`` and does not advance the
 world; the episode is truncated after ``max_turns`` turns; an exception from the game truncates the
 episode and records the error.

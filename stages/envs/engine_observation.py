@@ -1,6 +1,6 @@
 """The observation of a world played on the TextWorld engine (``alfworld``, ``textworld``).
 
-Both worlds key a state the same way (SPEC §5): the feedback text, the agent's location, its inventory
+Both worlds key a state the same way (docs/design.md §5): the feedback text, the agent's location, its inventory
 and the sorted admissible commands, so that two states with the same text but a different inventory
 stay apart.
 """
@@ -11,7 +11,7 @@ from stages.envs.base import Observation
 
 
 def state_key(text: str, location: str, inventory: list[str], admissible: list[str]) -> str:
-    """SPEC §5's key: observation + location + inventory + sorted admissible commands."""
+    """docs/design.md §5's key: observation + location + inventory + sorted admissible commands."""
     return (
         f"obs: {text}\nloc: {location}\ninv: {', '.join(inventory) or '-'}\n"
         f"adm: {' | '.join(sorted(admissible))}"

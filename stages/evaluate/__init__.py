@@ -1,4 +1,4 @@
-"""Evaluation on held-out tasks (SPEC §8, ``graft eval``).
+"""Evaluation on held-out tasks (docs/design.md §8, ``graft eval``).
 
 The policy of a checkpoint plays ``config.env.eval_tasks`` tasks of the environment's ``eval`` split
 (``config.eval.group_size`` episodes each) at ``config.eval.temperature``; the episodes are reduced to

@@ -1,4 +1,4 @@
-"""The training loop (SPEC §8): rollout → graph → solve → advantage → update per iteration, resumable.
+"""The training loop (docs/design.md §8): rollout → graph → solve → advantage → update per iteration, resumable.
 
 Every stage writes its outputs atomically, so a stage whose outputs exist is complete and is skipped
 on the next start (after their checksums verify: a damaged output makes the stage run again); a loop killed at any moment (SIGKILL included) resumes where it stopped and ends

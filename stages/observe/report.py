@@ -1,4 +1,4 @@
-"""Learning curves and per-type result tables of one or more runs (SPEC §8, ``graft report``).
+"""Learning curves and per-type result tables of one or more runs (docs/design.md §8, ``graft report``).
 
 Reads the long-format ``metrics`` rows of every iteration (``iter_NNNN/metrics_*.parquet``) and the
 ``eval`` rows (``iter_NNNN/eval.parquet`` plus ``eval.parquet`` at the run root for the policy before any

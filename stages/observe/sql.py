@@ -1,4 +1,4 @@
-"""Read-only SQL over a run directory (SPEC §8 ``graft sql``).
+"""Read-only SQL over a run directory (docs/design.md §8 ``graft sql``).
 
 One in-memory DuckDB connection, one view per graft table spanning all iterations:
 

@@ -1,4 +1,4 @@
-"""One trajectory graph drawn like the paper's Fig. 9–10 (SPEC §8, ``graft viz``).
+"""One trajectory graph drawn like the paper's Fig. 9–10 (docs/design.md §8, ``graft viz``).
 
 Nodes are the group's graph nodes coloured by their Bellman value V(u) (red = low, green = high),
 edges are the distinct (src, dst) transitions labelled with the mean advantage of their raw edge

@@ -171,7 +171,7 @@ def collect_episodes(
     prompt_fn: Callable[..., str] | None = None,
     stats: dict[str, float] | None = None,
 ) -> pl.DataFrame:
-    """Play ``group_size`` episodes of each task in lockstep; return their steps rows (SPEC §3).
+    """Play ``group_size`` episodes of each task in lockstep; return their steps rows (docs/design.md §3).
 
     ``group_ids[k]`` is the index of ``tasks[k]``'s group in the iteration (default 0..len-1; a shard
     passes its subset so names and random streams match the unsharded run); ``group_count`` fixes the

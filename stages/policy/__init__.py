@@ -1,4 +1,4 @@
-"""Policy models and engines (SPEC §6).
+"""Policy models and engines (docs/design.md §6).
 
 - ``tokenizer.py`` / ``tiny.py``: the tiny random-init Qwen2 model and its tokenizer (a byte-level BPE
   with one token per word it saw)

@@ -1,4 +1,4 @@
-"""``choose`` mode scoring: log-probs of admissible actions as continuations of a prompt (SPEC §6).
+"""``choose`` mode scoring: log-probs of admissible actions as continuations of a prompt (docs/design.md §6).
 
 Shared convention with the update stage (must hold exactly)::
 
@@ -7,7 +7,7 @@ Shared convention with the update stage (must hold exactly)::
                           after prompt_ids (no separator token)
     lp_j[i]             = log p_model(choice_ids[j][i] | prompt_ids + choice_ids[j][:i])   (raw model,
                           no temperature)
-    m_j                 = mean_i lp_j[i]                         (mean, not sum: SPEC §6)
+    m_j                 = mean_i lp_j[i]                         (mean, not sum: docs/design.md §6)
     log π(a_j | s)      = log_softmax_j(m_j / T)                 (T = rollout temperature; T <= 0 greedy)
     response_ids        = choice_ids[chosen],  response_logprobs = lp_chosen
 

@@ -1,4 +1,4 @@
-"""The policy engine interface the rollout talks to (SPEC §6).
+"""The policy engine interface the rollout talks to (docs/design.md §6).
 
 An engine holds one policy (a model directory) and answers two batched questions:
 

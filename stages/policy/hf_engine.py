@@ -1,4 +1,4 @@
-"""The ``hf`` policy engine: transformers on CPU or GPU (SPEC §6).
+"""The ``hf`` policy engine: transformers on CPU or GPU (docs/design.md §6).
 
 ``generate`` is a hand-written sampling loop rather than ``model.generate`` because the rollout needs,
 per row, the log-prob of every sampled token under the sampling distribution, per-row stop strings,

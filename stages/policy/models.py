@@ -1,4 +1,4 @@
-"""Loading a policy model directory (SPEC §6, §11) and calling it with a KV cache.
+"""Loading a policy model directory (docs/design.md §6, §11) and calling it with a KV cache.
 
 Any local Hugging Face causal-LM directory is accepted. Weights load from safetensors only
 (``use_safetensors=True``); custom modelling code runs only when the config sets

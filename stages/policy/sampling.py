@@ -36,7 +36,7 @@ def derive_seed(*parts: int | str) -> int:
 
 
 def choice_log_probs(mean_logprobs: np.ndarray, temperature: float) -> np.ndarray:
-    """log π(a_j|s) = log_softmax_j(m_j / T) over the admissible actions (SPEC §6 ``choose`` mode).
+    """log π(a_j|s) = log_softmax_j(m_j / T) over the admissible actions (docs/design.md §6 ``choose`` mode).
 
     ``mean_logprobs`` [K] holds m_j, the mean per-token log-prob of action j as a continuation of the
     prompt. ``temperature`` <= 0 is greedy: log-prob 0 on the first argmax, -inf elsewhere.

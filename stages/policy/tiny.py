@@ -1,5 +1,5 @@
 """The tiny policy: a small random-init Qwen2-style causal LM plus a byte-level BPE tokenizer (one
-token per word it saw) trained on an environment's texts (SPEC §6), saved as a Hugging Face directory
+token per word it saw) trained on an environment's texts (docs/design.md §6), saved as a Hugging Face directory
 without any download.
 
 The tokenizer is trained on texts the environment actually produces: observations, task texts and

@@ -3,7 +3,7 @@
 The tokenizer is a byte-level BPE with Qwen2's normalizer (NFC), pre-tokenizer (Qwen2's split regex
 followed by ``ByteLevel``) and decoder, trained with an unbounded vocabulary on the environment's
 texts, so every word seen in training becomes one token ("word-level") while unseen text still
-encodes through the 256 byte symbols. Two traps this layout avoids (SPEC §6):
+encodes through the 256 byte symbols. Two traps this layout avoids (docs/design.md §6):
 
 * ``AutoTokenizer`` reloads a directory whose ``config.json`` says ``qwen2`` as ``Qwen2Tokenizer``, which
   rebuilds the pipeline from the saved vocabulary and merges with Qwen2's own normalizer and

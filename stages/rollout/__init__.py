@@ -1,4 +1,4 @@
-"""The rollout stage (SPEC §6): the policy plays groups of episodes; one steps row per executed turn.
+"""The rollout stage (docs/design.md §6): the policy plays groups of episodes; one steps row per executed turn.
 
 The episodes are played by ``stages.play`` (``collect_episodes``: lockstep batches, the modes, the
 naming of groups and trajectories, the random streams of episodes and responses).

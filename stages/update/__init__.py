@@ -1,4 +1,4 @@
-"""The update stage (SPEC §7): GRPO-C / GRPO policy update with a k3 KL penalty, HF checkpoints.
+"""The update stage (docs/design.md §7): GRPO-C / GRPO policy update with a k3 KL penalty, HF checkpoints.
 
 Modules: ``batching`` (rows, minibatches, micro-batches), ``logprobs`` (response and choice
 log-probs), ``loss`` (the objectives), ``trainer`` (optimizer steps), ``checkpoint`` (load/save),

@@ -2,7 +2,7 @@
 
 Pure functions over polars tables and numpy arrays; nothing here touches a model.
 
-* ``join_steps_advantages``: the advantages table is row-aligned with the steps table (SPEC §3);
+* ``join_steps_advantages``: the advantages table is row-aligned with the steps table (docs/design.md §3);
   the join checks that the (group_id, traj_id, step) keys agree row by row.
 * ``build_update_rows``: token ids per row; ``choose`` rows (non-null ``choices``) get each choice's
   ids (``tokenizer.encode(choice, add_special_tokens=False)``, the convention of the rollout stage)

@@ -1,4 +1,4 @@
-"""Loading policies and writing checkpoints (SPEC §6, §7; docs/design.md "Checkpoints").
+"""Loading policies and writing checkpoints (docs/design.md §6, §7; docs/design.md "Checkpoints").
 
 A checkpoint is a Hugging Face directory ``checkpoints/iter_NNNN/`` (with ``update.lora``: a peft
 adapter directory instead of the weights, stages/policy/adapters.py): ``config.json``,
@@ -8,7 +8,7 @@ safetensors + ``state.json``, in a subdirectory so that vLLM's ``*.safetensors``
 level sees model weights only) and, written last, ``graft_checkpoint.json``. The directory is filled
 under a temporary sibling name and renamed into place, so a crash leaves no checkpoint.
 
-Models are loaded from safetensors only; ``trust_remote_code`` follows the config (SPEC §11).
+Models are loaded from safetensors only; ``trust_remote_code`` follows the config (docs/design.md §11).
 """
 
 from __future__ import annotations

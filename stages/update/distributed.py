@@ -1,4 +1,4 @@
-"""torch.distributed plumbing for the update stage (SPEC §7, §12).
+"""torch.distributed plumbing for the update stage (docs/design.md §7, §12).
 
 ``graft update`` run under ``torchrun --nproc_per_node K`` finds ``WORLD_SIZE``/``RANK`` in the
 environment and joins a process group (gloo on CPU, nccl on GPU). Every rank holds the whole

@@ -4,7 +4,7 @@ Two layouts, both right-padded batches:
 
 * token rows (``generate`` mode): one sequence ``prompt ++ response`` per row, 2-D attention mask.
   Response token k sits at position ``P + k`` and is predicted by the logits at ``P + k - 1``.
-* choice rows (``choose`` mode, SPEC §6): one sequence ``prompt ++ c_1 ++ ... ++ c_C`` per row, with a
+* choice rows (``choose`` mode, docs/design.md §6): one sequence ``prompt ++ c_1 ++ ... ++ c_C`` per row, with a
   4-D attention mask in which every choice sees the whole prompt and its own earlier tokens only, and
   position ids that restart at ``P`` for each choice. Each choice is then scored exactly as if it were
   the sole continuation of the prompt, but the prompt is encoded once per row (the prompt dominates
@@ -322,7 +322,7 @@ def choice_log_probs(
     choices_batch: Sequence[Sequence[Sequence[int]]],
     temperature: float = 1.0,
 ) -> ChoiceScores:
-    """Differentiable choice distribution of each row: ``pi(j|s) = softmax_j(m_j / T)`` (SPEC §6).
+    """Differentiable choice distribution of each row: ``pi(j|s) = softmax_j(m_j / T)`` (docs/design.md §6).
 
     prompt_ids_batch: B token lists; choices_batch: B lists of token lists (each choice's ids as
     ``tokenizer.encode(choice, add_special_tokens=False)``, placed right after the prompt).

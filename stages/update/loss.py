@@ -1,4 +1,4 @@
-"""Policy-gradient losses of the update stage (SPEC §7; paper Sec. 2, Eq. 3-4).
+"""Policy-gradient losses of the update stage (docs/design.md §7; paper Sec. 2, Eq. 3-4).
 
 GRPO-C (``objective = "grpo_c"``, the default), per step row i with response o_i and advantage A_i::
 

@@ -1,4 +1,4 @@
-"""``run_update(run, iteration, config)``: the policy update stage (SPEC §7).
+"""``run_update(run, iteration, config)``: the policy update stage (docs/design.md §7).
 
 Reads ``iter_NNNN/steps.parquet`` and ``advantages.parquet``; trains the checkpoint of iteration
 NNNN - 1 (the initial model in iteration 0; a missing one is an error) with GRPO-C (or token-level GRPO) plus a k3 KL penalty against

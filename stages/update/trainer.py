@@ -12,7 +12,7 @@ first ``warmup_steps`` steps of the run, AdamW.
 The model stays in eval mode (dropout off) while training, so that the first step's ratio is exactly
 the old policy's (w = 1) -- the usual choice for RL fine-tuning of LLMs.
 
-Row conventions (SPEC §6): token rows score ``log_softmax(logits / T)`` of the response; choose rows
+Row conventions (docs/design.md §6): token rows score ``log_softmax(logits / T)`` of the response; choose rows
 score the choice distribution ``softmax_j(mean token log-prob of c_j / T)`` and, for the KL term,
 the chosen choice's token log-probs at T = 1.
 """

@@ -1,4 +1,4 @@
-"""Expert demonstrations (SPEC §6 warm start): the scripted expert plays an environment into a steps table.
+"""Expert demonstrations (docs/design.md §6 warm start): the scripted expert plays an environment into a steps table.
 
 ``expert_demos(env, tasks, episodes, noise=P, seed=S)`` plays ``episodes`` episodes round-robin over
 ``tasks``; at every turn the expert's action is replaced, with probability ``P``, by a uniformly drawn
@@ -137,7 +137,7 @@ def expert_demos(
     prompt_fn: Callable[..., str] | None = None,
     think: str = "verb",
 ) -> pl.DataFrame:
-    """Play ``episodes`` expert episodes (round-robin over ``tasks``) into steps rows (SPEC §3).
+    """Play ``episodes`` expert episodes (round-robin over ``tasks``) into steps rows (docs/design.md §3).
 
     ``noise``: probability that a turn's expert action is replaced by a uniformly random admissible
     action (also used when the expert has no action); ``invalid_noise``: probability that a turn that

@@ -1,4 +1,4 @@
-"""Warm start (SPEC §6): behaviour cloning of expert demos, the CPU analogue of an instruct model.
+"""Warm start (docs/design.md §6): behaviour cloning of expert demos, the CPU analogue of an instruct model.
 
 The paper's policy starts as an instruct model that already writes ``<think>…</think><action>…</action>``;
 the tiny random model writes nothing parseable. The warm start clones the scripted expert (optionally

@@ -1,4 +1,4 @@
-"""Hostile inputs that used to end in a traceback (issue 28 item 5): each is one clear line, exit 2,
+"""Hostile inputs that used to end in a traceback: each is one clear line, exit 2,
 and a refused start writes nothing."""
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def test_repeatable_options_show_their_item_type():
 
 
 def test_a_prompt_and_response_budget_over_the_models_context_is_refused(tmp_path):
-    # issue 26 item 5: nothing checked prompt + new tokens against the model's context length
+    # nothing checked prompt + new tokens against the model's context length
     import json
 
     from schemas.config import load_config

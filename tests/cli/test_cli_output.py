@@ -1,4 +1,4 @@
-"""What the CLI prints: help texts, the loop's lines off a terminal, refused starts (issue 14)."""
+"""What the CLI prints: help texts, the loop's lines off a terminal, refused starts."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_a_start_that_cannot_run_writes_nothing(tmp_path: Path, overrides: list[
 
 
 def test_run_eta_and_its_format():
-    # issue 28 item 6: no whole-run ETA in the loop's lines
+    # no whole-run ETA in the loop's lines
     from graft_cli.commands.loop import RunEta, format_eta
 
     assert format_eta(12.4) == "12s" and format_eta(245) == "4m05s" and format_eta(3725) == "1h02m"
@@ -121,7 +121,7 @@ def test_run_eta_and_its_format():
 
 
 def test_stage_commands_say_what_they_computed(tmp_path):
-    # issue 28 item 6: stage commands printed only "wrote ..."
+    # stage commands printed only "wrote ..."
     from typer.testing import CliRunner
 
     from graft_cli.app import app

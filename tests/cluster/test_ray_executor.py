@@ -1,4 +1,4 @@
-"""The Ray executor (SPEC §12, docs/scaling.md "The Ray executor"): ``graft loop --executor ray``.
+"""The Ray executor (docs/design.md §12, docs/scaling.md "The Ray executor"): ``graft loop --executor ray``.
 
 The loops run the micro config of tests/loop/test_loop.py on a local Ray cluster (2 CPUs, 2 rollout actors)
 and are compared with its local reference run: every table and checkpoint the same, a killed actor
@@ -117,7 +117,7 @@ def test_a_two_iteration_ray_loop_equals_the_local_loop(ray_cluster, reference: 
 def test_a_with_group_batch_scope_the_ray_steps_file_is_the_local_one_byte_for_byte(
     ray_cluster, tmp_path: Path
 ) -> None:
-    """SPEC §12's byte-identical merge: with ``rollout.batch_scope = "group"`` an actor's policy calls
+    """docs/design.md §12's byte-identical merge: with ``rollout.batch_scope = "group"`` an actor's policy calls
     batch exactly what the local run's do, so the merged steps file is the local file's bytes,
     log-probs included (under the default "all" they differ in the last bits: tests/rollout/test_rollout.py)."""
     files = []

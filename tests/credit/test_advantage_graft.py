@@ -1,9 +1,9 @@
-"""The ``graft`` estimator (SPEC §4 Advantage): TD, Graph GAE, trajectory GAE, node normalization.
+"""The default credit reading (docs/design.md §4): step rewards in the step's own credit, Eq. 9's literal
+horizon; the Markov horizon (``advantage.gae_horizon = "markov"``, an option); and the variants beyond
+the paper (node std floor, batch scale, flat groups, time-aware state key).
 
-Most cases here pin the literal reading that protocols v1-v4 ran (``solve.step_rewards = "values"``,
-``advantage.gae_horizon = "literal"``): those options must keep reproducing its numbers. The default
-reading (step rewards in the step's own credit, the Markov horizon) is in tests/credit/test_credit_markov.py;
-the reference comparison below covers every combination.
+The legacy reading (``solve.step_rewards = "values"`` with the literal horizon) keeps its numbers in
+tests/credit/test_advantage_graft_legacy.py and below.
 """
 
 from __future__ import annotations
@@ -16,430 +16,328 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import stages.credit.advantage.graft as graft_module
-from schemas import conform
-from schemas.config import AdvantageConfig
+from schemas.config import AdvantageConfig, load_config
+from schemas.errors import GraftError
+from stages import credit
 from stages.credit.advantage.compute import compute_advantages
-from stages.credit.advantage.graft import graft_credit, node_normalize, node_values
-from stages.credit.advantage.registry import CreditInputs, get_estimator
-from stages.credit.bellman import index_graph, solve_values
+from stages.credit.advantage.graft import batch_normalize, markov_hops, node_normalize
+from stages.credit.bellman import solve_values
 from stages.credit.synth import synth_steps
-from stages.credit.trajectory_graph import build_graph
+from stages.credit.trajectory_graph import TIME_SEPARATOR, build_graph
 from tests.helpers.credit_cases import fig2_steps, make_steps, synth_knobs
-from tests.helpers.reference_graft import reference_advantages, reference_graph, reference_values
-
-GAMMA, LAM = 0.9, 0.5
-
 
 LEGACY = {"step_rewards": "values", "gae_horizon": "literal"}
 
 
-def _credit(steps, gamma=GAMMA, lam=LAM, gae="graph", normalize="node", truncation="fail", **modes):
-    modes = {**LEGACY, **modes}
-    nodes, edges = build_graph(steps, truncation=truncation)
-    values = solve_values(nodes, edges, gamma=gamma, eps=1e-13, step_rewards=modes["step_rewards"])
-    index = index_graph(nodes, edges)
-    return (
-        graft_credit(index, node_values(index, values), edges, gamma, lam, gae, normalize, **modes),
-        nodes,
-        edges,
-        values,
+def _advantages(steps: pl.DataFrame, gamma: float = 0.99, lam: float = 0.95, **options) -> pl.DataFrame:
+    step_rewards = options.pop("step_rewards", "step")
+    nodes, edges = credit.graph(steps)
+    values = credit.solve(nodes, edges, gamma=gamma, step_rewards=step_rewards)
+    return credit.advantages(
+        steps, nodes, edges, values, gamma=gamma, lam=lam, step_rewards=step_rewards, **options
     )
 
 
-def _hand_values():
-    """V of the hand example (tests/credit_cases.fig2_steps), worked out from the Bellman equations."""
-    V = {"G": 1.0, "F": 0.0, "D": (0.9 * 0 + 0.9 * 1 + 0.9 * 1 + 0.0) / 4, "L": 0.8 / 2.1}
+def _all_invalid_truncated_group(turns: int = 4, rollouts: int = 8) -> pl.DataFrame:
+    """A model that writes no valid action: one node, −0.1 self-loops, every episode cut after ``turns``."""
+    return make_steps([(f"T{i}", [("S", "S", -0.1)] * turns, 0.0, "truncated") for i in range(rollouts)])
+
+
+def test_all_invalid_truncated_group_gets_the_same_credit_on_every_turn():
+    adv = _advantages(_all_invalid_truncated_group())
+    # V(S) = 0 (no outcome, no reward inside V), TD 0, no tail; the credit is the step's own −0.1 ...
+    np.testing.assert_allclose(adv["td"].to_numpy(), 0.0, atol=1e-12)
+    np.testing.assert_allclose(adv["gae"].to_numpy(), -0.1, atol=1e-12)
+    # ... the same on all 32 out-edges of S, so node normalization gives exactly 0.
+    assert (adv["advantage"] == 0.0).all()
+
+
+def test_all_invalid_group_literal_options_reproduce_the_turn_index_credit():
+    # The legacy reading: V(S) = 32(−0.1 + 0.99 V)/40 -> V = −3.2 / 8.32; TD = −0.1 − 0.01 V on every
+    # row; the literal tail runs T − 1 − t hops: t = 3 keeps the TD, t = 2 adds γλ·TD, ...
+    adv = _advantages(_all_invalid_truncated_group(), **LEGACY)
+    v = -3.2 / 8.32
+    td = -0.1 + (0.99 - 1.0) * v
+    decay = 0.99 * 0.95
+    gae = [td * sum(decay**k for k in range(4 - t)) for t in range(4)]
+    np.testing.assert_allclose(adv["gae"].to_numpy()[:4], gae, atol=1e-9)
+    xs = adv["gae"].to_numpy()
+    expected = (xs[:4] - xs.mean()) / (statistics.stdev(xs.tolist()) + 1e-6)
+    np.testing.assert_allclose(adv["advantage"].to_numpy()[:4], expected, atol=1e-9)
+    # later invalid turns favoured over earlier ones: −1.29, −0.47, +0.41, +1.35
+    np.testing.assert_allclose(adv["advantage"].to_numpy()[:4], [-1.2932, -0.4665, 0.4125, 1.3471], atol=1e-4)
+    # the Markov horizon alone (rewards still in V) already makes the four turns equal
+    markov = _advantages(_all_invalid_truncated_group(), step_rewards="values", gae_horizon="markov")
+    assert markov["gae"][:4].n_unique() == 1 and (markov["advantage"] == 0.0).all()
+
+
+def test_markov_graph_gae_of_the_hand_example():
+    # fig2 with step rewards in the step's credit: V(L) = 0.9/2.1 (the −0.1 stays out of V), V(D) = 0.45.
+    gamma, lam = 0.9, 0.5
+    adv = _advantages(fig2_steps(), gamma=gamma, lam=lam, normalize="none", gae_horizon="markov")
+    V = {"G": 1.0, "F": 0.0, "D": 0.45, "L": 0.9 / 2.1}
     V["S"] = 0.9 * (2 * V["L"] + 4 * V["D"]) / 6
-    return V
-
-
-def test_td_and_graph_gae_of_the_hand_example():
-    out, *_ = _credit(fig2_steps())
-    V = _hand_values()
-    g = GAMMA
-    td_SL = g * V["L"] - V["S"]  # r0, r6
-    td_SD = g * V["D"] - V["S"]  # r2, r4, r9, r11
-    td_LG, td_LL, td_LF = g * V["G"] - V["L"], -0.1 + g * V["L"] - V["L"], g * V["F"] - V["L"]
-    td_DF, td_DG = g * V["F"] - V["D"], g * V["G"] - V["D"]
+    td_SL, td_SD = gamma * V["L"] - V["S"], gamma * V["D"] - V["S"]
+    td_LG, td_LL, td_LF = gamma * V["G"] - V["L"], gamma * V["L"] - V["L"], gamma * V["F"] - V["L"]
+    td_DF, td_DG = gamma * V["F"] - V["D"], gamma * V["G"] - V["D"]
     td = [td_SL, td_LG, td_SD, td_DF, td_SD, td_DG, td_SL, td_LL, td_LF, td_SD, td_DG, td_SD]
-    np.testing.assert_allclose(out.td, td, atol=1e-9)
-    # Known property: S and L have no ends, so their out-edge TDs sum to 0; D mixes T6's end (R = 0)
-    # with continuations: Σ_out(D) A = -(0 - V(D)) = V(D).
-    assert 2 * td_SL + 4 * td_SD == pytest.approx(0, abs=1e-12)
-    assert td_LG + td_LL + td_LF == pytest.approx(0, abs=1e-12)
-    assert td_DF + 2 * td_DG == pytest.approx(V["D"], abs=1e-12)
-    # Graph GAE, γλ = 0.45. r0 (T1 t=0, H=1): E_1 = out(L) = {r1, r7, r8}, mean 0 -> TD.
-    # r2/r4/r9 (H=1): E_1 = out(D) = {r3, r5, r10}, mean (td_DF + 2 td_DG)/3 -> TD + 0.45 * mean.
-    # r6 (T4 t=0, H=2): E_1 = out(L), N_1 = {G, L, F}, E_2 = out(L) again: both means 0 -> TD.
-    # r7 (H=1): E_1 = out(L) -> TD. r11 (T6, H=0) and every last step: TD.
-    mean_D = (td_DF + 2 * td_DG) / 3
-    gae_SD = td_SD + (GAMMA * LAM) * mean_D
-    gae = [td_SL, td_LG, gae_SD, td_DF, gae_SD, td_DG, td_SL, td_LL, td_LF, gae_SD, td_DG, td_SD]
-    np.testing.assert_allclose(out.gae, gae, atol=1e-9)
-    assert gae_SD - td_SD == pytest.approx(0.45 * 0.15, abs=1e-9)  # mean_D = 0.45/3 = 0.15
-    # Node normalization (Eq. 11) over each src node's raw out-edge instances.
-    groups = {"S": [0, 2, 4, 6, 9, 11], "L": [1, 7, 8], "D": [3, 5, 10]}
-    expected = [0.0] * 12
-    sizes = [0] * 12
-    for rows in groups.values():
-        xs = [gae[i] for i in rows]
-        mean, std = statistics.fmean(xs), statistics.stdev(xs)
-        for i in rows:
-            expected[i] = (gae[i] - mean) / (std + 1e-6)
-            sizes[i] = len(rows)
-    np.testing.assert_allclose(out.advantage, expected, atol=1e-7)
-    assert out.norm_group_size.tolist() == sizes
-    # D's group by hand: x = [-0.45, 0.45, 0.45], mean 0.15, std = sqrt((0.36 + 0.09 + 0.09) / 2).
-    assert out.advantage[3] == pytest.approx(-0.6 / (0.27**0.5 + 1e-6), abs=1e-7)
+    np.testing.assert_allclose(adv["td"].to_numpy(), td, atol=1e-9)
+    # S and L have no ends: their out-edge TDs sum to 0 (now with the self-loop's reward out of them).
+    assert td_LG + td_LL + td_LF == pytest.approx(0.0, abs=1e-12)
+    # Tails: dst D -> γλ · mean(out(D)) = 0.45 · (V(D) / 3) = 0.0675, then E_2 = out({F, G}) is empty;
+    # dst L -> every k-hop mean is over out(L), which sums to 0; G, F have no out-edges.
+    tail_D = gamma * lam * (td_DF + 2 * td_DG) / 3
+    assert tail_D == pytest.approx(0.0675, abs=1e-12)
+    gae = list(td)
+    for row in (2, 4, 9, 11):  # every S -> D row -- r11 too, the last step of T6 (literal: H = 0, no tail)
+        gae[row] += tail_D
+    gae[7] += -0.1  # the invalid self-loop's own reward, its own credit only
+    np.testing.assert_allclose(adv["gae"].to_numpy(), gae, atol=1e-9)
+    np.testing.assert_array_equal(adv["advantage"].to_numpy(), adv["gae"].to_numpy())
+    literal = _advantages(fig2_steps(), gamma=gamma, lam=lam, normalize="none", gae_horizon="literal")
+    # the literal tail depends on the turn: r11 is T6's last step (H = 0), the other S -> D rows keep it
+    assert literal["gae"][11] == pytest.approx(td_SD, abs=1e-9)
+    expected = list(gae)
+    expected[11] = td_SD
+    np.testing.assert_allclose(literal["gae"].to_numpy(), expected, atol=1e-9)
+    # ... and it is the default
+    default = _advantages(fig2_steps(), gamma=gamma, lam=lam, normalize="none")
+    np.testing.assert_array_equal(default["gae"].to_numpy(), literal["gae"].to_numpy())
 
 
-def test_trajectory_gae_and_no_gae_on_the_hand_example():
-    V = _hand_values()
-    out, *_ = _credit(fig2_steps(), gae="trajectory", normalize="none")
-    td = out.td
-    c = GAMMA * LAM
-    # T4 = rows 6, 7, 8: A^GAE_6 = A_6 + c A_7 + c^2 A_8, A^GAE_7 = A_7 + c A_8.
-    assert out.gae[6] == pytest.approx(td[6] + c * td[7] + c * c * td[8], abs=1e-12)
-    assert out.gae[7] == pytest.approx(td[7] + c * td[8], abs=1e-12)
-    assert out.gae[8] == pytest.approx(td[8], abs=1e-12)
-    assert out.gae[11] == pytest.approx(0.9 * V["D"] - V["S"], abs=1e-9)  # T6: one step
-    np.testing.assert_array_equal(out.advantage, out.gae)
-    assert (out.norm_group_size == 1).all()
-    none, *_ = _credit(fig2_steps(), gae="none", normalize="none")
-    np.testing.assert_array_equal(none.gae, none.td)
+def _noop_case() -> pl.DataFrame:
+    """S -> C -> G succeeds (R = 10); S -> A fails whatever follows. At A: valid no-ops (A -> A, r 0),
+    invalid turns (A -> A, r −0.1) and moves to B, where the model writes only invalid output."""
+    return make_steps(
+        [
+            ("T1", [("S", "C", 0.0), ("C", "G", 0.0)], 10.0, "terminated"),
+            ("T2", [("S", "A", 0.0), ("A", "A", 0.0), ("A", "B", 0.0), ("B", "B", -0.1)], 0.0, "truncated"),
+            ("T3", [("S", "A", 0.0), ("A", "A", -0.1), ("A", "A", 0.0), ("A", "B", 0.0)], 0.0, "truncated"),
+            ("T4", [("S", "A", 0.0), ("A", "B", 0.0), ("B", "B", -0.1), ("B", "B", -0.1)], 0.0, "truncated"),
+            ("T5", [("S", "A", 0.0), ("A", "A", 0.0), ("A", "A", -0.1), ("A", "A", 0.0)], 0.0, "truncated"),
+        ]
+    )
 
 
-def test_trajectory_gae_limits():
-    steps, _ = synth_steps(groups=3, group_size=6, horizon=6, truth=True, seed=2)
-    # λ = 0: TD.
-    out, *_ = _credit(steps, gamma=0.95, lam=0.0, gae="trajectory", normalize="none")
-    np.testing.assert_allclose(out.gae, out.td, atol=1e-12)
-    # λ = γ = 1 (acyclic layered MDP): return − V(s_t), return = Σ_{k>=t} r_k + R.
-    out, nodes, edges, values = _credit(steps, gamma=1.0, lam=1.0, gae="trajectory", normalize="none")
-    V = nodes.join(values, on=["group_id", "node"]).select("group_id", "node", "value")
-    src_v = edges.join(V.rename({"node": "src"}), on=["group_id", "src"], how="left", maintain_order="left")[
-        "value"
-    ]
-    ret = steps.select(r=pl.col("reward").reverse().cum_sum().reverse().over("traj_id") + pl.col("outcome"))[
-        "r"
-    ].to_numpy()
-    # The sinks' values are their outcomes (goal / fail / cut at the horizon), so the telescoping
-    # sum of TDs is the Monte Carlo return minus V(s_t).
-    np.testing.assert_allclose(out.gae, ret - src_v.to_numpy(), atol=1e-9)
+def _noop_and_move(adv: pl.DataFrame, steps: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = steps.with_columns(adv["gae"], adv["advantage"])
+    at_a = rows.filter(pl.col("state") == "A")
+    noop = at_a.filter((pl.col("next_state") == "A") & (pl.col("reward") == 0.0))
+    move = at_a.filter(pl.col("next_state") == "B")
+    invalid = at_a.filter(pl.col("reward") < 0)
+    return noop, move, invalid
 
 
-def test_node_normalization_rules():
-    # One edge: x / (|x| + 1e-6); equal values: 0; two edges: ±1/√2 scaled.
-    x = np.array([2.0, -3.0, 0.5, 0.5, 0.5, 1.0, 3.0, 0.0])
-    src = np.array([0, 1, 2, 2, 2, 3, 3, 4])
-    adv, size = node_normalize(x, src, 5)
-    assert adv[0] == pytest.approx(2.0 / 2.000001) and adv[1] == pytest.approx(-3.0 / 3.000001)
-    np.testing.assert_array_equal(adv[2:5], [0.0, 0.0, 0.0])
-    std = statistics.stdev([1.0, 3.0])  # √2
-    assert adv[5] == pytest.approx(-1.0 / (std + 1e-6)) and adv[6] == pytest.approx(1.0 / (std + 1e-6))
-    assert adv[7] == 0.0  # single edge with x = 0: 0 / 1e-6
-    assert size.tolist() == [1, 1, 3, 3, 3, 2, 2, 1]
+@pytest.mark.parametrize("normalize", ["node", "none", "batch"])
+def test_a_valid_noop_never_outranks_a_failing_move_from_the_same_node(normalize):
+    steps = _noop_case()
+    noop, move, invalid = _noop_and_move(_advantages(steps, normalize=normalize), steps)
+    # No success is reachable from A: V(A) = V(B) = 0, so both valid actions get credit 0 before
+    # normalization and the same credit after it; the invalid turns rank below both.
+    np.testing.assert_allclose(noop["gae"].to_numpy(), 0.0, atol=1e-12)
+    np.testing.assert_allclose(move["gae"].to_numpy(), 0.0, atol=1e-12)
+    assert noop["advantage"].max() <= move["advantage"].min() + 1e-12
+    assert invalid["advantage"].max() < move["advantage"].min()
 
 
-def test_node_normalization_zeroes_solver_noise():
-    # |x| below ZERO_TOL = 1000 × the solve tolerance counts as 0; a node whose spread is below it
-    # has zero spread. Just above the threshold the paper's rules apply unchanged.
-    tol = graft_module.ZERO_TOL
-    assert tol == 1000 * 1e-8
-    x = np.array([3e-9, -4e-7, 2 * tol, 5.0, 5.0 + 1e-9, -2.0, 1.0])
-    src = np.array([0, 1, 2, 3, 3, 4, 4])
-    adv, size = node_normalize(x, src, 5)
-    np.testing.assert_array_equal(adv[:2], [0.0, 0.0])  # old rule: 0.003 and -0.29
-    assert adv[2] == pytest.approx(2 * tol / (2 * tol + 1e-6))
-    np.testing.assert_array_equal(adv[3:5], [0.0, 0.0])  # spread 7e-10: old rule ±0.0007
-    std = statistics.stdev([-2.0, 1.0])
-    np.testing.assert_allclose(adv[5:], [-1.5 / (std + 1e-6), 1.5 / (std + 1e-6)])
-    assert size.tolist() == [1, 1, 1, 2, 2, 2, 2]
+def test_step_rewards_in_values_credit_waiting():
+    # Rewards inside V (the legacy reading; the Markov horizon keeps the turn index out): V(A) < 0
+    # from the future penalties, the valid self-loop's TD is −(1 − γ)V(A) > 0, and after the tail and
+    # node normalization it ranks above the move to B, which no more fails than it does.
+    steps = _noop_case()
+    nodes, edges = credit.graph(steps)
+    values = credit.solve(nodes, edges, gamma=0.99, step_rewards="values")
+    v_a = values.join(nodes, on=["group_id", "node"]).filter(pl.col("state") == "A")["value"][0]
+    assert v_a < 0
+    adv = _advantages(steps, step_rewards="values", gae_horizon="markov")
+    noop, move, _ = _noop_and_move(adv, steps)
+    noop_td = steps.with_columns(adv["td"]).filter((pl.col("state") == "A") & (pl.col("next_state") == "A"))
+    np.testing.assert_allclose(noop_td.filter(pl.col("reward") == 0)["td"].to_numpy(), -(1 - 0.99) * v_a)
+    assert noop["advantage"].min() > move["advantage"].max()
 
 
-@pytest.mark.parametrize("seed", [1, 10])  # noise on a 3-edge node (1); on single-edge nodes too (10)
-def test_solver_noise_on_a_cyclic_group_is_not_credit(seed):
-    # A cyclic synthetic group solved to the default tolerance (ε = 1e-8) next to a near-exact solve.
-    # Rows whose exact Graph-GAE credit is 0 come back as |x| ~ 1e-9 from the ε-solve; Eq. 11 alone
-    # (zero_tol = 0) turns them into ±0.001 … ±0.01 of arbitrary sign. They must stay 0.
-    steps = synth_steps(groups=2, group_size=8, horizon=10, width=3, cycles=0.5, seed=seed)
-    nodes, edges = build_graph(steps)
-    index = index_graph(nodes, edges)
-    out = {}
-    for eps in (1e-8, 1e-15):
-        values = solve_values(nodes, edges, gamma=0.99, eps=eps, step_rewards="values")
-        out[eps] = graft_credit(
-            index, node_values(index, values), edges, 0.99, 0.95, "graph", "node", **LEGACY
-        )
-    exact_zero = np.abs(out[1e-15].gae) < 1e-12
-    noisy = exact_zero & (np.abs(out[1e-8].gae) > 1e-12)
-    assert noisy.sum() >= 2  # the case really has solver noise
-    # Nodes whose every out-edge has exact credit 0 must give exactly 0 on every edge.
-    all_zero = np.bincount(index.src, weights=~exact_zero, minlength=index.n_nodes)[index.src] == 0
-    assert (noisy & all_zero).any()
-    np.testing.assert_array_equal(out[1e-8].advantage[all_zero], 0.0)
-    # Eq. 11 alone (zero_tol = 0) makes ±credit of the noise there.
-    unguarded, _ = node_normalize(out[1e-8].gae, index.src, index.n_nodes, zero_tol=0.0)
-    assert np.abs(unguarded[noisy & all_zero]).max() > 1e-3
-    # Elsewhere the credit does not depend on the solve tolerance.
-    np.testing.assert_allclose(out[1e-8].advantage, out[1e-15].advantage, atol=1e-3)
-
-
-def test_one_trajectory_group():
-    steps = make_steps([("T", [("A", "B", 0.0), ("B", "C", -0.1), ("C", "E", 0.0)], 1.0, "terminated")])
-    out, *_ = _credit(steps, gamma=0.9)
-    # A chain: V(E) = 1, V(C) = 0.9, V(B) = -0.1 + 0.81, V(A) = 0.9 V(B); every TD is 0 and every
-    # node group has one edge: advantage = 0 / (0 + 1e-6) = 0.
-    np.testing.assert_allclose(out.td, 0.0, atol=1e-9)
-    np.testing.assert_array_equal(out.advantage, 0.0)  # rounding-level TDs are 0, not ±credit
-    assert out.norm_group_size.tolist() == [1, 1, 1]
-
-
-def _mixing_chain_rows(nodes, edges, horizon) -> np.ndarray:
-    """Rows whose Graph GAE node sets N_0..N_{H-1} touch a node with both ends and out-edges."""
-    mixing = {
-        (g, n) for g, n, e, o in nodes.select("group_id", "node", "ends", "out_edges").iter_rows() if e and o
-    }
-    succ: dict[tuple[str, int], set[int]] = {}
-    for g, s, d in edges.select("group_id", "src", "dst").iter_rows():
-        succ.setdefault((g, s), set()).add(d)
-    touched = []
-    for g, d, h in zip(edges["group_id"], edges["dst"], horizon, strict=True):
-        frontier, hit = {d}, False
-        for _ in range(h):
-            if any((g, u) in mixing for u in frontier):
-                hit = True
-                break
-            frontier = {v for u in frontier for v in succ.get((g, u), ())}
-            if not frontier:
-                break
-        touched.append(hit)
-    return np.array(touched)
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(knobs=synth_knobs(), gamma=st.floats(0.5, 0.99), lam=st.floats(0.1, 1.0))
-def test_literal_graph_gae_is_td_away_from_mixing_nodes(knobs, gamma, lam):
-    steps = synth_steps(**knobs)
-    out, nodes, edges, values = _credit(steps, gamma=gamma, lam=lam, normalize="none")
-    # The property behind it: Σ_out(u) A = -Σ_ends(u) (R - V(u)) at the fixed point.
-    joined = nodes.join(values, on=["group_id", "node"])
-    index = index_graph(nodes, edges)
-    sum_out = np.bincount(index.src, weights=out.td, minlength=index.n_nodes)
-    V = joined["value"].to_numpy()
-    R = joined["end_value"].fill_null(0.0).to_numpy()
-    np.testing.assert_allclose(sum_out, -joined["ends"].to_numpy() * (R - V), atol=1e-8)
-    horizon = edges.select(h=pl.col("step").max().over("traj_id") - pl.col("step"))["h"].to_numpy()
-    touched = _mixing_chain_rows(nodes, edges, horizon)
-    np.testing.assert_allclose(out.gae[~touched], out.td[~touched], atol=1e-8)
-
-
-def test_literal_graph_gae_differs_where_nodes_mix_ends_and_continuations():
-    out, nodes, edges, _ = _credit(fig2_steps())
-    horizon = np.array([1, 0, 1, 0, 1, 0, 2, 1, 0, 1, 0, 0])
-    touched = _mixing_chain_rows(nodes, edges, horizon)
-    assert touched.tolist() == [
-        False,
-        False,
-        True,
-        False,
-        True,
-        False,
-        False,
-        False,
-        False,
-        True,
-        False,
-        False,
-    ]
-    assert np.all(np.abs(out.gae[touched] - out.td[touched]) > 0.06)
-    np.testing.assert_allclose(out.gae[~touched], out.td[~touched], atol=1e-9)
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    knobs=synth_knobs(),
+    knobs=synth_knobs(invalid_penalty=st.sampled_from([-0.1, -1.0])),
     gamma=st.floats(0.5, 0.99),
     lam=st.floats(0.0, 1.0),
-    gae=st.sampled_from(["graph", "trajectory", "none"]),
-    normalize=st.sampled_from(["node", "none"]),
-    truncation=st.sampled_from(["fail", "bootstrap"]),
     step_rewards=st.sampled_from(["step", "values"]),
-    gae_horizon=st.sampled_from(["markov", "literal"]),
-    std_floor=st.sampled_from([0.0, 0.5]),
 )
-def test_equals_the_literal_reference(
-    knobs, gamma, lam, gae, normalize, truncation, step_rewards, gae_horizon, std_floor
-):
+def test_identical_transitions_of_a_group_get_identical_markov_credit(knobs, gamma, lam, step_rewards):
     steps = synth_steps(**knobs)
-    nodes, edges = build_graph(steps, truncation=truncation)
-    values = solve_values(nodes, edges, gamma=gamma, step_rewards=step_rewards)
-    graph = reference_graph(steps.to_dicts(), truncation)
-    ref_values = reference_values(graph, gamma, step_rewards=step_rewards)
-    got = {(g, n): v for g, n, v in values.select("group_id", "node", "value").iter_rows()}
-    assert max(abs(got[(g, n)] - ref_values[g]["V"][n]) for g, n in got) < 1e-6
-    # Advantages on the same V (normalization would amplify the solvers' 1e-9 differences).
-    shared = {g: {"V": {n: got[(gg, n)] for gg, n in got if gg == g}} for g in ref_values}
-    modes = {"step_rewards": step_rewards, "gae_horizon": gae_horizon}
-    ref = reference_advantages(graph, shared, gamma, lam, gae, normalize, **modes, std_floor=std_floor)
-    index = index_graph(nodes, edges)
-    out = graft_credit(
-        index,
-        node_values(index, values),
-        edges,
-        gamma,
-        lam,
-        gae,
-        normalize,
-        **modes,
-        node_std_floor=std_floor,
+    adv = _advantages(steps, gamma=gamma, lam=lam, step_rewards=step_rewards, gae_horizon="markov")
+    joined = steps.select("group_id", "state", "action", "next_state", "reward").with_columns(
+        adv["gae"], adv["advantage"]
     )
-    # the Markov tail counts per-node out-sums under 1e-5 as 0 (solver noise); the reference does not
-    tol = 1e-9 if gae_horizon == "literal" or gae != "graph" else 1e-7
-    for key in ("td", "gae"):
-        np.testing.assert_allclose(getattr(out, key), ref[key], atol=tol, rtol=0)
-    # normalization can amplify that difference where a node's spread is itself tiny
-    np.testing.assert_allclose(out.advantage, ref["advantage"], atol=max(tol, 1e-9) * 1e3, rtol=0)
-    assert out.norm_group_size.tolist() == ref["norm_group_size"]
-
-
-def test_registry_and_advantages_table():
-    steps = fig2_steps()
-    nodes, edges = build_graph(steps)
-    values = solve_values(nodes, edges, gamma=GAMMA)
-    config = AdvantageConfig(estimator="graft", gae="graph", lam=LAM, normalize="node")
-    table = compute_advantages(steps, nodes, edges, values, config, GAMMA)
-    conform(table, "advantages")
-    out = get_estimator("graft")(CreditInputs(steps, edges, nodes, values, GAMMA), config)
-    np.testing.assert_array_equal(table["advantage"].to_numpy(), out.advantage)
-    assert table["estimator"].unique().to_list() == ["graft"]
-    assert table.select("traj_id", "step").equals(steps.select("traj_id", "step"))
-    grpo = compute_advantages(steps, nodes, edges, values, AdvantageConfig(estimator="grpo"), GAMMA)
-    assert grpo["td"].null_count() == grpo.height
-
-
-def test_large_group_path_equals_bitset_path(monkeypatch):
-    import stages.credit.advantage.graft as graft_module
-
-    steps = synth_steps(groups=4, group_size=8, horizon=12, width=4, cycles=0.3, truncation=0.4, seed=11)
-    bitset, nodes, edges, values = _credit(steps, gamma=0.95, lam=0.9, normalize="none")
-    monkeypatch.setattr(graft_module, "_BITSET_MAX_WORDS", 0)  # every group takes the sparse-row path
-    sparse, *_ = _credit(steps, gamma=0.95, lam=0.9, normalize="none")
-    np.testing.assert_allclose(sparse.gae, bitset.gae, atol=1e-12, rtol=0)
-    graph = reference_graph(steps.to_dicts())
-    shared = {g: {"V": {}} for g in values["group_id"].unique()}
-    for g, n, v in values.select("group_id", "node", "value").iter_rows():
-        shared[g]["V"][n] = v
-    ref = reference_advantages(graph, shared, 0.95, 0.9, "graph", "none", **LEGACY)
-    np.testing.assert_allclose(sparse.gae, ref["gae"], atol=1e-9, rtol=0)
-    assert np.abs(sparse.gae - sparse.td).max() > 1e-3  # the case exercises non-trivial k-hop sets
-
-
-def test_values_must_cover_every_node():
-    from schemas.errors import GraftError
-
-    steps = fig2_steps()
-    nodes, edges = build_graph(steps)
-    values = solve_values(nodes, edges, gamma=GAMMA)
-    with pytest.raises(GraftError, match="group 'g' node 3"):
-        compute_advantages(steps, nodes, edges, values.filter(pl.col("node") != 3), AdvantageConfig(), GAMMA)
-
-
-def test_walks_beyond_the_expanded_sets_fall_back_to_full_expansion(monkeypatch):
-    import stages.credit.advantage.graft as graft_module
-
-    steps = synth_steps(groups=2, group_size=6, horizon=8, cycles=0.3, seed=4)
-    expected, *_ = _credit(steps, normalize="none")
-    calls = []
-    real = graft_module._walk
-
-    def spy(index, sum_a, out_deg, need, horizon, decay, *rest):
-        calls.append(int(need.max()))
-        return real(index, sum_a, out_deg, need, horizon, decay, *rest)
-
-    # Needs of 1 expand nothing: the walks hit unexpanded sets, and the fallback expands everything.
-    monkeypatch.setattr(
-        graft_module, "_singleton_needs", lambda index, horizon: np.ones(index.n_nodes, dtype=np.int64)
+    spread = joined.group_by("group_id", "state", "action", "next_state", "reward").agg(
+        gae=pl.col("gae").max() - pl.col("gae").min(),
+        advantage=pl.col("advantage").max() - pl.col("advantage").min(),
     )
-    monkeypatch.setattr(graft_module, "_walk", spy)
-    got, *_ = _credit(steps, normalize="none")
-    assert calls == [1, int(calls[1])] and calls[1] >= 2
-    np.testing.assert_allclose(got.gae, expected.gae, atol=1e-12, rtol=0)
-    assert np.abs(expected.gae - expected.td).max() > 1e-3
+    assert spread["gae"].max() < 1e-9
+    assert spread["advantage"].max() < 1e-9
 
 
-def _literal_graph_gae(edges: pl.DataFrame, td: np.ndarray, horizon: np.ndarray, decay: float) -> np.ndarray:
-    """Eq. 9-10 row by row with Python sets: N_0 = {dst}, E_k = out-edges of N_{k-1}, Ā = mean A over E_k."""
-    out_rows: dict[tuple[str, int], list[int]] = {}
-    for r, (g, s) in enumerate(edges.select("group_id", "src").iter_rows()):
-        out_rows.setdefault((g, s), []).append(r)
-    dst = edges["dst"].to_list()
-    gae = td.astype(float).copy()
-    for r, (g, d) in enumerate(edges.select("group_id", "dst").iter_rows()):
-        nodes, coef = {d}, 1.0
-        for _ in range(int(horizon[r])):
-            instances = [e for u in nodes for e in out_rows.get((g, u), [])]
-            if not instances:
-                break
-            coef *= decay
-            gae[r] += coef * sum(td[e] for e in instances) / len(instances)
-            nodes = {dst[e] for e in instances}
-    return gae
+def test_markov_tail_closes_cycles_at_the_documented_tolerance():
+    assert markov_hops(0.99 * 0.95, 10) == 226  # ⌈log 1e-6 / log 0.9405⌉
+    assert markov_hops(1.0, 17) == 17  # γ = λ = 1: acyclic graphs, the largest group bounds every walk
+    # A cycle through a mixed node: the tail is the geometric series of its k-hop means, cut at K hops.
+    steps = make_steps(
+        [
+            ("T1", [("S", "S", 0.0), ("S", "G", 0.0)], 1.0, "terminated"),
+            ("T2", [("S", "S", 0.0)], 0.0, "truncated"),
+        ]
+    )
+    gamma, lam = 0.9, 0.5
+    adv = _advantages(steps, gamma=gamma, lam=lam, normalize="none", gae_horizon="markov")
+    # V(S) = (γV(S) + γV(S) + γ·1 + 0) / 4 (3 out-edges: S->S twice, S->G; one end R = 0) -> 0.9/2.2
+    v_s = 0.9 / 2.2
+    td = np.array([gamma * v_s - v_s, gamma * 1.0 - v_s, gamma * v_s - v_s])
+    mean_out_s = td.sum() / 3  # = V(S)/3: one end with R = 0
+    decay = gamma * lam
+    hops = markov_hops(decay, 2)
+    # dst S: N_k = {S, G} from k = 1 on, whose out-edges are S's; dst G: no out-edges
+    tail_s = mean_out_s * sum(decay**k for k in range(1, hops + 1))
+    np.testing.assert_allclose(adv["gae"].to_numpy(), td + np.array([tail_s, 0.0, tail_s]), atol=1e-12)
+    assert tail_s == pytest.approx(mean_out_s * decay / (1 - decay), rel=1e-5)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    knobs=synth_knobs(),
-    keep=st.floats(0.0, 0.3),
-    decay=st.floats(0.1, 1.0),
-    seed=st.integers(0, 999),
-    prune_sets=st.booleans(),
-)
-def test_graph_gae_expands_only_rows_that_meet_a_nonzero_out_sum(knobs, keep, decay, seed, prune_sets):
-    """With ΣA_out exactly 0 at most nodes (A zero on their out-edges, as at an exact fixed point), the
-    pruned walk still equals the literal k-hop means, and rows that cannot meet a non-zero sum keep A_t."""
+# ---------------------------------------------------------------------------------------------
+# variants beyond the paper
+
+
+def test_node_std_floor_keeps_near_ties_small():
+    x = np.array([0.01, 0.0, -0.01, 0.004, 3.0, 1.0])
+    src = np.array([0, 0, 0, 1, 2, 2])
+    plain, _ = node_normalize(x, src, 3)
+    floored, size = node_normalize(x, src, 3, std_floor=1.0)
+    np.testing.assert_allclose(plain[:3], [1.0, 0.0, -1.0], atol=1e-4)  # Eq. 11: a 0.01 tie becomes ±1
+    np.testing.assert_allclose(floored[:3], [0.01 / (1 + 1e-6), 0.0, -0.01 / (1 + 1e-6)])
+    assert floored[3] == pytest.approx(0.004 / (1 + 1e-6))  # single edge: x / (max(|x|, floor) + 1e-6)
+    std = statistics.stdev([3.0, 1.0])  # above the floor: Eq. 11 unchanged
+    np.testing.assert_allclose(floored[4:], [1.0 / (std + 1e-6), -1.0 / (std + 1e-6)])
+    assert size.tolist() == [3, 3, 3, 1, 2, 2]
+
+
+def test_batch_normalize_centres_per_node_and_scales_by_the_batch():
+    x = np.array([1.0, 3.0, 0.5, -2.0, 2.0])
+    src = np.array([0, 0, 1, 2, 2])
+    dev = np.array([-1.0, 1.0, 0.5, -2.0, 2.0])  # single-edge node 1 keeps its x
+    np.testing.assert_allclose(batch_normalize(x, src, 3), dev / (statistics.stdev(dev.tolist()) + 1e-6))
+    np.testing.assert_array_equal(batch_normalize(np.zeros(4), np.array([0, 0, 1, 1]), 2), np.zeros(4))
+
+
+def test_flat_groups_get_zero_credit_for_every_estimator():
+    steps = pl.concat(
+        [
+            fig2_steps(),
+            make_steps(
+                [
+                    ("U1", [("X", "X", -0.1), ("X", "Y", 0.0)], 0.0, "terminated"),
+                    ("U2", [("X", "Y", 0.0)], 0.0, "terminated"),
+                ],
+                group="flat",
+            ),
+        ]
+    )
+    nodes, edges = build_graph(steps)
+    values = solve_values(nodes, edges, gamma=0.9)
+    for estimator in ("graft", "grpo", "gigpo"):
+        keep = compute_advantages(steps, nodes, edges, values, AdvantageConfig(estimator=estimator), 0.9)
+        zero = compute_advantages(
+            steps, nodes, edges, values, AdvantageConfig(estimator=estimator, flat_groups="zero"), 0.9
+        )
+        flat = (steps["group_id"] == "flat").to_numpy()
+        assert np.abs(keep["advantage"].to_numpy()[flat]).max() > 0  # the invalid turn is credited
+        np.testing.assert_array_equal(zero["advantage"].to_numpy()[flat], 0.0)
+        np.testing.assert_array_equal(
+            zero["advantage"].to_numpy()[~flat], keep["advantage"].to_numpy()[~flat]
+        )
+
+
+def test_time_key_makes_the_graph_acyclic_and_nodes_per_turn():
+    steps = fig2_steps()
+    nodes, edges = build_graph(steps, time_key=True)
+    # T4's L -> L self-loop becomes L@1 -> L@2; S is only ever at t = 0.
+    assert f"L{TIME_SEPARATOR}2" in nodes["state"].to_list()
+    assert not (edges["src"] == edges["dst"]).any()
+    assert nodes.height == nodes["state"].n_unique()
+    values = solve_values(nodes, edges, gamma=1.0)  # γ = 1 needs an acyclic graph: accepted
+    assert values.height == nodes.height
+    with pytest.raises(GraftError, match="time_key needs graph.canonicalize = 'exact'"):
+        build_graph(steps, canonicalize="similarity", time_key=True)
+
+
+def test_variant_settings_are_validated():
+    config = load_config(None, ["solve.step_rewards=values", "advantage.gae_horizon=literal"])
+    assert (config.solve.step_rewards, config.advantage.gae_horizon) == ("values", "literal")
+    for bad in (
+        "solve.step_rewards=both",
+        "advantage.gae_horizon=T",
+        "advantage.normalize=group",
+        "advantage.node_std_floor=-1",
+        "advantage.flat_groups=drop",
+        "graph.time_key=1",
+    ):
+        with pytest.raises(GraftError, match=bad.split("=")[0]):
+            load_config(None, [bad])
+    with pytest.raises(GraftError, match="'graph.time_key' = true needs graph.canonicalize = 'exact'"):
+        load_config(None, ["graph.time_key=true", "graph.canonicalize=similarity"])
+    defaults = load_config(None)
+    assert defaults.solve.step_rewards == "step" and defaults.advantage.gae_horizon == "literal"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_interning_sets_across_depths_changes_no_credit(monkeypatch, seed):
+    """The Markov tail identifies a set met again at a later depth with its first sighting (cycles
+    close); from depth 1 or never, the tails are the same numbers."""
     import stages.credit.advantage.graft as graft_module
-    from stages.credit.advantage.graft import horizons, nonzero_reach
+    from stages.credit.advantage.graft import markov_graph_gae, node_values, td_residuals
+    from stages.credit.bellman import index_graph
 
-    walks = []
-
-    def graph_gae(*args):  # set pruning forced on or off; counts the walks (a second one is the fallback)
-        saved = graft_module._PRUNE_SETS_BELOW, graft_module._walk
-        graft_module._PRUNE_SETS_BELOW = 2.0 if prune_sets else 0.0
-        graft_module._walk = lambda *a: walks.append(1) or saved[1](*a)
-        try:
-            return graft_module.graph_gae(*args)
-        finally:
-            graft_module._PRUNE_SETS_BELOW, graft_module._walk = saved
-
-    nodes, edges = build_graph(synth_steps(**knobs))
+    knobs = dict(width=5, merge=0.6, cycles=0.4, invalid_rate=0.2, truncation=0.3, end_rate=0.05)
+    steps = synth_steps(groups=6, group_size=8, horizon=25, seed=seed, **knobs)
+    nodes, edges = build_graph(steps)
     index = index_graph(nodes, edges)
-    rng = np.random.default_rng(seed)
-    live = rng.random(index.n_nodes) < keep  # nodes whose out-edges carry non-zero A
-    td = np.where(live[index.src], rng.normal(size=edges.height), 0.0)
-    horizon = horizons(edges)
-    got = graph_gae(index, td, horizon, decay, 1.0)
-    np.testing.assert_allclose(got, _literal_graph_gae(edges, td, horizon, decay), atol=1e-12, rtol=0)
-    sum_a = np.bincount(index.src, weights=td, minlength=index.n_nodes)
-    far = nonzero_reach(index, sum_a)[index.dst] >= horizon
-    assert np.array_equal(got[far], td[far])  # exactly, not approximately
-    assert len(walks) <= 1  # trajectories are walks on the graph: the expanded sets always suffice
+    td = td_residuals(index, node_values(index, solve_values(nodes, edges, gamma=0.99)), 0.99)
+    out = {}
+    for start in (1, 10**9):
+        monkeypatch.setattr(graft_module, "_INTERN_FROM_DEPTH", start)
+        out[start] = markov_graph_gae(index, td, 0.99, 0.95)
+    np.testing.assert_allclose(out[1], out[10**9], atol=1e-12, rtol=0)
+    assert np.abs(out[1] - td).max() > 1e-3  # the case walks non-trivial tails
 
 
-@pytest.mark.parametrize("prune_sets_below", [0.0, 2.0])
-def test_graph_gae_needs_no_fallback_walk_on_solved_values(monkeypatch, prune_sets_below):
-    """Rows kept at A_t shrink the singletons' needs; a walk that meets such a row's dst as a one-member
-    set must then stop there (all later sums are 0), not run off the expanded sets into the fallback."""
-    import stages.credit.advantage.graft as graft_module
+def _markov_tail_case() -> pl.DataFrame:
+    """T1 reaches the goal G from A (R = 10); T2 is cut at A after a valid self-loop (R = 0)."""
+    return make_steps(
+        [
+            ("T1", [("S", "A", 0.0), ("A", "G", 0.0)], 10.0, "terminated"),
+            ("T2", [("S", "A", 0.0), ("A", "A", 0.0)], 0.0, "truncated"),
+        ]
+    )
 
-    knobs = dict(width=6, merge=0.5, cycles=0.1, invalid_rate=0.1, truncation=0.1, end_rate=0.05)
-    steps = synth_steps(groups=10, group_size=8, horizon=30, seed=3, **knobs)
-    expected, *_ = _credit(steps, gamma=0.99, lam=0.95, normalize="none")
-    walks = []
-    real = graft_module._walk
-    monkeypatch.setattr(graft_module, "_walk", lambda *a: walks.append(1) or real(*a))
-    monkeypatch.setattr(graft_module, "_PRUNE_SETS_BELOW", prune_sets_below)
-    got, *_ = _credit(steps, gamma=0.99, lam=0.95, normalize="none")
-    assert len(walks) == 1
-    np.testing.assert_array_equal(got.gae, expected.gae)
+
+@pytest.mark.parametrize("truncation", ["fail", "bootstrap"])
+def test_the_markov_tail_is_the_end_mass_that_has_no_row(truncation):
+    """At the Bellman fixed point Σ_{rows out of u} A = ends(u) · (V(u) − R): zero at every node
+    without ends or without continuations, so the Markov tail (an average of these sums over the
+    reachable edges) vanishes unless a node mixes both. A cut trajectory under truncation = "fail" is
+    such an end (R = 0 < V(u)): its mass is what the Markov tail spreads over the edges into A
+    (BENCHMARKS "Quickstart: Markov vs literal Graph GAE horizon"); "bootstrap" drops that end."""
+    gamma = 0.99
+    steps = _markov_tail_case()
+    nodes, edges = credit.graph(steps, truncation=truncation)
+    values = credit.solve(nodes, edges, gamma=gamma)
+    adv = credit.advantages(
+        steps, nodes, edges, values, gamma=gamma, lam=0.95, normalize="none", gae_horizon="markov"
+    )
+    out_of_a = (steps["state"] == "A").to_numpy()
+    into_a = (steps["next_state"] == "A").to_numpy()
+    td, tail = adv["td"].to_numpy(), (adv["gae"] - adv["td"]).to_numpy()
+    if truncation == "fail":  # V(A) = (γ·10 + γV(A) + 0) / 3 (two edges and one end, R = 0)
+        v_a = 10 * gamma / (3 - gamma)
+        assert td[out_of_a].sum() == pytest.approx(v_a, rel=1e-6)  # = ends(A) · (V(A) − 0)
+        assert (tail[into_a] > 0.1).all()
+    else:  # V(A) = (γ·10 + γV(A)) / 2: no node mixes ends and continuations
+        assert td[out_of_a].sum() == pytest.approx(0.0, abs=1e-6)
+        np.testing.assert_allclose(tail, 0.0, atol=1e-9)

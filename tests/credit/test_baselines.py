@@ -1,4 +1,4 @@
-"""Baseline estimators (SPEC §4 Baselines): hand-computed examples, edge cases, properties, and a
+"""Baseline estimators (docs/design.md §4 Baselines): hand-computed examples, edge cases, properties, and a
 comparison with the row-loop references in tests/helpers/baseline_reference.py."""
 
 from __future__ import annotations

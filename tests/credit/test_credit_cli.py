@@ -316,7 +316,7 @@ def test_advantage_on_a_table_with_only_the_credit_columns(runner, tmp_path):
     got = read_table(min_out / "advantages.parquet", "advantages")
     want = read_table(full_out / "advantages.parquet", "advantages")
     assert got.equals(want)
-    # The defaults are what SPEC §3 says: iter 0, task_id = group_id, task_type "", observation = state.
+    # The defaults are what docs/design.md §3 says: iter 0, task_id = group_id, task_type "", observation = state.
     from schemas import conform
 
     filled = pl.from_arrow(conform(pl.read_parquet(tmp_path / "minimal.parquet"), "steps"))
@@ -403,7 +403,7 @@ def test_solve_refuses_values_that_overflow(runner, tmp_path):
     ["solve={gamma=0.5}", "solve.gamma=0.5", "solve={step_rewards='values'}", "graph={time_key=true}"],
 )
 def test_advantage_on_a_run_resolves_inline_tables_like_dotted_keys(runner, tmp_path, override):
-    # issue 28 item 4: --set 'solve={gamma=0.5}' skipped the re-solve (only dotted keys were looked at)
+    # --set 'solve={gamma=0.5}' skipped the re-solve (only dotted keys were looked at)
     from schemas.config import load_config
 
     run = create_run(tmp_path / "run", Config())

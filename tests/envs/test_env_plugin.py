@@ -1,4 +1,4 @@
-"""Your own environment (issue 14 item 7): env.name = "module:Class" or a graft.environments entry point;
+"""Your own environment: env.name = "module:Class" or a graft.environments entry point;
 the example in examples/corridor_env.py runs through a loop iteration with the tiny model."""
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def test_generation_and_play_are_deterministic(env, task, game_file, tmp_path, c
     assert twin == task and twin.spec == task.spec
     capsys.readouterr()
     first_a, first_b = env.new_game().reset(task), other.new_game().reset(twin)  # regenerates in tmp_path
-    # a generation is announced (it takes seconds; issue 28: minutes of silence), a cache hit is not
+    # a generation is announced (it takes seconds, minutes for a batch of games), a cache hit is not
     assert capsys.readouterr().err.count("textworld: generating") == 1
     assert first_a == first_b
     assert walkthrough(textworld_env.game_path(tmp_path, twin.spec)) == walkthrough(game_file)

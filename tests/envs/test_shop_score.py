@@ -1,4 +1,4 @@
-"""The WebShop task score is recorded per episode and reported beside success (issue 13 item 2)."""
+"""The WebShop task score is recorded per episode and reported beside success."""
 
 from __future__ import annotations
 

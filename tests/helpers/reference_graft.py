@@ -1,4 +1,4 @@
-"""A literal, loop-based transcription of GRAFT (paper Sec. 3, SPEC §4): the test reference.
+"""A literal, loop-based transcription of GRAFT (paper Sec. 3, docs/design.md §4): the test reference.
 
 Deliberately naive and independent of stages/: plain Python dicts, lists and sets, one step at a time.
 
@@ -182,7 +182,7 @@ def reference_advantages(
     advantage = list(refined)
     size = [1] * len(rows)
     if normalize == "node":
-        # SPEC §4: credit below 1000 x the solve tolerance (1e-8) is solver noise and counts as 0, and a
+        # docs/design.md §4: credit below 1000 x the solve tolerance (1e-8) is solver noise and counts as 0, and a
         # node whose edges' spread is below it has no spread
         noise = 1000 * 1e-8
         for members in groups.values():

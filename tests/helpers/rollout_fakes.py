@@ -1,7 +1,7 @@
 """Test doubles for the rollout tests: a tiny corridor environment, a prompt function, a scripted engine.
 
 The corridor: rooms 0..R-1; the agent starts in room 0 and wins (outcome 10) by going to the goal
-room and taking the key there. ``fail_action`` makes the game raise on that action (SPEC §11 tests).
+room and taking the key there. ``fail_action`` makes the game raise on that action (docs/design.md §11 tests).
 """
 
 from __future__ import annotations

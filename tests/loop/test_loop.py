@@ -1,4 +1,4 @@
-"""The training loop, evaluation and configs (SPEC §8–9, §11).
+"""The training loop, evaluation and configs (docs/design.md §8–9, §11).
 
 Loop mechanics (stage order, skipping, resume, eval schedule, loop metrics) are tested with small
 fake stage runners; the end-to-end tests at the bottom run the real stages on a micro config.
@@ -125,7 +125,7 @@ def test_eval_rows_hand_computed() -> None:
     assert got[("success_rate", "heat")] == 1.0
     assert set(rows["iter"].to_list()) == {4} and set(rows["checkpoint"].to_list()) == {"iter_0004"}
     assert got[("invalid_rate", None)] == 0.0  # no valid column: nothing is known to be invalid
-    # issue 26: an all-invalid model showed only as a return of -0.4; the share of invalid turns
+    # an all-invalid model showed only as a return of -0.4; the share of invalid turns
     valid = eval_rows(steps.with_columns(valid=pl.col("reward") == 0.0), 10.0, 4, "iter_0004")
     got = {(r["name"], r["task_type"]): r["value"] for r in valid.iter_rows(named=True)}
     assert got[("invalid_rate", None)] == pytest.approx(3 / 6)  # turns, not episodes
@@ -396,7 +396,7 @@ def test_readme_rule_on_wall_clock_names_covers_every_timing_metric() -> None:
 
 @pytest.mark.slow
 def test_releasing_the_engine_before_the_update_changes_no_table(reference_run: Path, tmp_path: Path) -> None:
-    # issue 26 item 3: the loop kept the rollout engine resident through the update and evaluation
+    # the loop kept the rollout engine resident through the update and evaluation
     import stages.policy.live_engine as engines
     from stages.loop import STAGE_RUNNERS
 

@@ -1,5 +1,5 @@
 """The quickstart needs only the ``train`` extra: nothing on its path imports the packages of the
-``envs`` extra (textworld, alfworld, bm25s), whose install compiles Fast Downward (issue 14)."""
+``envs`` extra (textworld, alfworld, bm25s), whose install compiles Fast Downward."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """docs/quickstart and the README's quickstart lines come from the config as it resolves today
-(issue 28 item 6: the README's numbers did not reproduce and the report was a temporary run's)."""
+(the numbers quoted are a recorded run's, and the report is that run's)."""
 
 from __future__ import annotations
 

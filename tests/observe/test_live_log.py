@@ -1,4 +1,4 @@
-"""Progress and live logging (issue 14 item 6): the update's progress bar (terminal only, with ETA), the
+"""Progress and live logging: the update's progress bar (terminal only, with ETA), the
 optional TensorBoard logger fed from the metrics rows, and the update panels of `graft report`."""
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def test_report_without_update_metrics_has_no_update_panels(tmp_path: Path) -> N
 
 
 def test_a_kill_before_the_log_line_loses_no_scalars(tmp_path: Path, monkeypatch) -> None:
-    # issue 28 item 4: a kill between an iteration's tables and its log line lost its scalars for good
+    # a kill between an iteration's tables and its log line lost its scalars for good
     import stages.observe.live_log as live_log
 
     config = Config()

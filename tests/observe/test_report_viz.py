@@ -1,4 +1,4 @@
-"""``graft report`` and ``graft viz`` (SPEC §8): images, tables, graph layout."""
+"""``graft report`` and ``graft viz`` (docs/design.md §8): images, tables, graph layout."""
 
 from __future__ import annotations
 

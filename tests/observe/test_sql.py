@@ -196,7 +196,7 @@ def test_a_synth_directory_can_be_queried(runner, tmp_path):
     assert joined.rows() == [(n, n)]
 
 
-# --- sandbox hardening (issue 12) ---------------------------------------------------------------
+# --- sandbox hardening ---------------------------------------------------------------
 
 
 def test_a_tmp_symlink_in_the_run_opens_no_way_out(runner, two_iter_run, monkeypatch):

@@ -1,4 +1,4 @@
-"""graft sql serves no damaged byte (SPEC §11; issue 28 item 3): every table a view covers is verified
+"""graft sql serves no damaged byte (docs/design.md §11): every table a view covers is verified
 with pyarrow's page checksums before DuckDB (which does not check them) reads it, cached by file identity."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_a_flipped_bit_in_an_advantages_table_is_refused_not_served(tmp_path):
     start, end = data_region(clean)
     rng = random.Random(0)
     served_wrong = 0
-    for _ in range(30):  # issue 28 measured 25 of 30 such flips coming back as different numbers
+    for _ in range(30):  # without the check, 25 of 30 such flips came back as different numbers
         clean.write_bytes(good)
         flip_bit(clean, rng.randrange(start, end), rng.randrange(8))
         try:
@@ -77,7 +77,7 @@ def test_the_cache_lives_where_graft_cache_dir_says(tmp_path, monkeypatch):
 
 
 def test_the_warm_starts_tables_are_views_too(tmp_path):
-    # issue 26 item 5: graft sql did not see the warm start's tables
+    # graft sql did not see the warm start's tables
     import polars as pl
 
     from schemas import write_table

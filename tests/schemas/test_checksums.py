@@ -1,4 +1,4 @@
-"""Finished outputs carry checksums that loading and resuming verify (SPEC §11)."""
+"""Finished outputs carry checksums that loading and resuming verify (docs/design.md §11)."""
 
 from __future__ import annotations
 

@@ -244,7 +244,7 @@ def test_any_string_setting_round_trips_through_the_saved_toml(text):
 
 
 def test_the_config_writer_quotes_keys_that_are_not_bare() -> None:
-    # issue 28 item 4: a dotted key in an options table came back as a nested table and the saved run
+    # a dotted key in an options table came back as a nested table and the saved run
     # refused to resume
     import tomllib
 

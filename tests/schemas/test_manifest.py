@@ -1,5 +1,5 @@
-"""A finished iteration is verified against its manifest before a resumed loop builds on it (SPEC §11;
-issue 28 item 3): a deleted values table or a swapped steps table is an error, not "nothing to do"."""
+"""A finished iteration is verified against its manifest before a resumed loop builds on it (docs/design.md §11):
+a deleted values table or a swapped steps table is an error, not "nothing to do"."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage commands never silently overwrite (issue 14 item 4): a finished stage is refused without
+"""Stage commands never silently overwrite: a finished stage is refused without
 --force; with --force everything computed from it is removed first, so the run stays one history."""
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def test_forced_replay_then_loop_ends_with_the_uninterrupted_tables(tmp_path_fac
 
 
 def test_force_that_would_remove_later_iterations_asks_first(tmp_path: Path) -> None:
-    # issue 28 item 6: `graft rollout RUN --force` (no --iter) meant iteration 0 and deleted every
+    # `graft rollout RUN --force` (no --iter) meant iteration 0 and deleted every
     # iteration and checkpoint without asking
     from schemas.config import Config
     from schemas.rundir import create_run
@@ -206,7 +206,7 @@ def test_force_that_would_remove_later_iterations_asks_first(tmp_path: Path) -> 
 
 
 def test_stage_command_overrides_are_recorded_in_the_iteration(tmp_path: Path) -> None:
-    # issue 28 item 6: iteration 7 ran grpo through --set, and nothing in the run said so
+    # iteration 7 ran grpo through --set, and nothing in the run said so
     import json
 
     from schemas.config import Config

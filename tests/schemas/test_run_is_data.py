@@ -1,4 +1,4 @@
-"""A run directory is data, not code (SPEC §11; issue 28 item 2): settings that can run code are
+"""A run directory is data, not code (docs/design.md §11): settings that can run code are
 honoured from a saved run only when the command line repeats them, or with ``graft --trust-run``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run lock (SPEC §11): taken before a run's directory is touched, by the loop and every stage command."""
+"""The run lock (docs/design.md §11): taken before a run's directory is touched, by the loop and every stage command."""
 
 from __future__ import annotations
 

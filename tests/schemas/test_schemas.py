@@ -260,7 +260,7 @@ def test_sigkill_while_writing_leaves_only_a_tmp_file(tmp_path):
     script = textwrap.dedent(
         f"""
         import numpy as np, polars as pl
-        from stages.synth import synth_steps
+        from stages.credit.synth import synth_steps
         from schemas import write_table
         steps = synth_steps(groups=3000, group_size=8, seed=0)
         # long random observations make the write take a while

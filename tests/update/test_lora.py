@@ -1,4 +1,4 @@
-"""LoRA updates (issue 26 item 2): only the adapters train and are saved, the engines act with the
+"""LoRA updates: only the adapters train and are saved, the engines act with the
 merged policy, adapter gradients follow the chain rule through W' = W + s B A, and ``graft export``
 writes a model that reloads to the same log-probs."""
 

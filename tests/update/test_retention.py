@@ -1,4 +1,4 @@
-"""Checkpoint retention (issue 14 item 5): keep_last / keep_every keep what resume and evaluation need,
+"""Checkpoint retention: keep_last / keep_every keep what resume and evaluation need,
 optimizer state only in the newest, and a run with retention ends with the same tables as one without."""
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def _pruned_run(tmp_path: Path, iters: int) -> Run:
 
 
 def test_pruned_optimizer_state_leaves_every_kept_checkpoint_intact(tmp_path: Path) -> None:
-    # issue 28 item 1: pruning removed trainer_state/ while the kept checkpoints' markers still listed
+    # pruning removed trainer_state/ while the kept checkpoints' markers still listed
     # it, so evaluating or resuming from them failed as "missing from the checkpoint"
     from schemas.integrity import checkpoint_damage, verify_checkpoint
 
@@ -192,7 +192,7 @@ def test_a_marker_whose_files_is_not_a_table_is_one_line(tmp_path: Path) -> None
 
 
 def test_force_checks_the_acting_checkpoint_before_it_removes_anything(tmp_path: Path) -> None:
-    # issue 28 item 1: `graft update R --iter 1 --force` with keep_last=1, keep_every=2 deleted
+    # `graft update R --iter 1 --force` with keep_last=1, keep_every=2 deleted
     # iteration 2 and its checkpoint, then failed (checkpoint 0, which iteration 1 trains, was pruned)
     from schemas.recompute import guard_recompute
 

@@ -1,4 +1,4 @@
-"""Update stage under torch.distributed: 2 CPU processes (gloo) give the 1-process result (SPEC §7, §12)."""
+"""Update stage under torch.distributed: 2 CPU processes (gloo) give the 1-process result (docs/design.md §7, §12)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_fsdp2_two_processes_equal_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_the_loop_launches_torchrun_for_update_procs_2(tmp_path):
-    # issue 27 item 1: the update under torchrun launched by the driver (cluster.update_procs)
+    # the update under torchrun launched by the driver (cluster.update_procs)
     from stages.loop import STAGE_RUNNERS
 
     single, multi = _pair(tmp_path, "launched")

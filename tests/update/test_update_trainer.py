@@ -1,4 +1,4 @@
-"""Update stage: trainer, checkpoints, runner, CLI (SPEC §7)."""
+"""Update stage: trainer, checkpoints, runner, CLI (docs/design.md §7)."""
 
 from __future__ import annotations
 
@@ -434,7 +434,7 @@ def test_check_finite_step_passes_finite_values():
 
 
 # ---------------------------------------------------------------------------------------------
-# work the update no longer repeats (issue 11 item 4): equal results
+# work the update no longer repeats: equal results
 
 
 def test_pruned_last_layer_gives_the_same_update(tmp_path, monkeypatch):
@@ -529,7 +529,7 @@ def test_no_grad_passes_score_identical_rows_once(monkeypatch):
 
 
 def test_tied_embeddings_are_saved_once_and_reload_the_same(tmp_path):
-    # issue 26 item 5: an update checkpoint listed lm_head.weight beside model.embed_tokens.weight
+    # an update checkpoint listed lm_head.weight beside model.embed_tokens.weight
     # (27 tensors for the tiny model's 26)
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
@@ -560,7 +560,7 @@ def test_tied_embeddings_are_saved_once_and_reload_the_same(tmp_path):
 
 
 def test_saved_tokenizers_name_a_class_every_supported_transformers_has(tmp_path):
-    # issue 26 item 5: checkpoints carried tokenizer_class "TokenizersBackend" (transformers 5 only)
+    # checkpoints carried tokenizer_class "TokenizersBackend" (transformers 5 only)
     import json
 
     from transformers import AutoTokenizer
@@ -581,7 +581,7 @@ def test_saved_tokenizers_name_a_class_every_supported_transformers_has(tmp_path
 
 
 def test_gradient_checkpointing_gives_the_same_gradients_and_recomputes_the_layers():
-    # issue 26 item 3: no gradient checkpointing; the update keeps eval mode, which Hugging Face's
+    # no gradient checkpointing; the update keeps eval mode, which Hugging Face's
     # checkpointing would skip
     import copy
 
@@ -630,7 +630,7 @@ def test_the_update_runs_with_gradient_checkpointing(tmp_path):
 
 
 def test_bf16_master_weights_train_and_save_in_bf16(tmp_path):
-    # issue 26 item 3: fp32 master weights + AdamW only
+    # fp32 master weights + AdamW only
     from safetensors import safe_open
 
     from stages.update import run_update

@@ -1,4 +1,4 @@
-"""Warm start (SPEC §6): expert demos (`graft demos`) and behaviour cloning (`graft sft`)."""
+"""Warm start (docs/design.md §6): expert demos (`graft demos`) and behaviour cloning (`graft sft`)."""
 
 from __future__ import annotations
 
@@ -520,7 +520,7 @@ def test_the_tiny_vocabulary_has_every_situation_word(tmp_path: Path) -> None:
 
 
 def test_demos_never_overwrite_a_steps_table_silently(tmp_path, runner):
-    # issue 28 item 4: `graft demos -o RUN/iter_0000` replaced a finished steps table
+    # `graft demos -o RUN/iter_0000` replaced a finished steps table
     from graft_cli.app import app
     from schemas.config import Config
     from schemas.rundir import create_run
@@ -581,7 +581,7 @@ def test_sft_takes_the_run_lock_and_clears_a_killed_warm_starts_temporaries(tmp_
 
 
 def test_micro_batches_give_the_same_step_as_one_pass(tmp_path: Path) -> None:
-    # issue 26 item 4: the warm start had no micro-batching; the split must not change the step
+    # the warm start had no micro-batching; the split must not change the step
     import copy
 
     from stages.warmstart.sft import micro_batches

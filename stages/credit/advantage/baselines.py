@@ -1,4 +1,4 @@
-"""Baseline credit estimators (SPEC §4 Baselines): grpo, rloo, gigpo, salt, graphgpo, rtmc.
+"""Baseline credit estimators (docs/design.md §4 Baselines): grpo, rloo, gigpo, salt, graphgpo, rtmc.
 
 Every estimator is a pure function ``(CreditInputs, AdvantageConfig) -> CreditOutput`` registered by
 name. All of them work on the whole table at once: rows are mapped to dense integer codes (group,
@@ -23,11 +23,11 @@ from schemas.config import AdvantageConfig
 from schemas.errors import GraftError
 from stages.credit.advantage.registry import ESTIMATORS, CreditInputs, CreditOutput, register
 
-# The registered baseline names, in the order SPEC §4 lists them.
+# The registered baseline names, in the order docs/design.md §4 lists them.
 BASELINES = ("grpo", "rloo", "gigpo", "salt", "graphgpo", "rtmc")
-# The normalization epsilon of SPEC §4 (std_ddof1 + 1e-6).
+# The normalization epsilon of docs/design.md §4 (std_ddof1 + 1e-6).
 NORM_EPS = 1e-6
-# GraphGPO's success reward r_succ in r(s, a, s') = r_succ * w^{d(s')} (SPEC §4 fixes it at 10).
+# GraphGPO's success reward r_succ in r(s, a, s') = r_succ * w^{d(s')} (docs/design.md §4 fixes it at 10).
 GRAPHGPO_SUCCESS_REWARD = 10.0
 
 
@@ -130,7 +130,7 @@ class _Rows:
 
 
 def _check_aligned(steps: pl.DataFrame, edges: pl.DataFrame) -> None:
-    """The edges table must be row-aligned with the steps table (SPEC §3 edges)."""
+    """The edges table must be row-aligned with the steps table (docs/design.md §3 edges)."""
     if steps.height != edges.height:
         raise GraftError(f"edges has {edges.height} rows but steps has {steps.height}; they must align")
     for column in ("group_id", "traj_id", "step"):

@@ -1,4 +1,4 @@
-"""The ``graft`` estimator: TD on the graph, Graph GAE, node normalization (SPEC §4, paper Eq. 8-11).
+"""The ``graft`` estimator: TD on the graph, Graph GAE, node normalization (docs/design.md §4, paper Eq. 8-11).
 
 Per steps row t (edge src -> dst in its group's graph, values V from stages.credit.bellman):
 
@@ -50,7 +50,7 @@ from stages.credit.advantage.registry import CreditInputs, CreditOutput, registe
 from stages.credit.bellman import GraphIndex, end_distance, gather_ranges, index_graph, sorted_unique
 
 _NORM_EPS = 1e-6
-# Credit below this magnitude is solver noise, not signal. The solve stops when max|ΔV| < ε (SPEC §4,
+# Credit below this magnitude is solver noise, not signal. The solve stops when max|ΔV| < ε (docs/design.md §4,
 # ε = 1e-8); a Gauss–Seidel stop leaves each V within about εγ/(1 − γ) ≈ 99ε of the fixed point at
 # γ = 0.99, and a TD (or a GAE sum of TDs) combines a few such values, so exact zeros come back as
 # |x| ~ 1e-9 … 1e-6. Normalization would blow those up to ±0.001 … ±0.5 with an arbitrary sign.

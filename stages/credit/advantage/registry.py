@@ -24,7 +24,7 @@ class CreditInputs:
     edges:  edges table, same n rows and order (src/dst node per row, per group)
     nodes:  nodes table (per group)
     values: values table (per group, per node) -- None for estimators that need no graph values
-    gamma:  discount of the graph solve (SPEC §4)
+    gamma:  discount of the graph solve (docs/design.md §4)
     index:  stages.credit.bellman.index_graph(nodes, edges) when the caller already has it (else None)
     step_rewards: solve.step_rewards the values were solved with ("step": r_t is not inside V)
     """
