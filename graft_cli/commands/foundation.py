@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -59,9 +59,14 @@ def synth(
 
 
 def schema(
-    table: str = typer.Argument(None, help="Table to describe; omit to list all tables."),
+    table: str = typer.Argument(
+        None, help="Table to describe (or 'config': every setting with its tier); omit to list all tables."
+    ),
+    config: Path = typer.Option(None, "--config", help="With 'config': the values of this config file."),
+    overrides: list[str] = typer.Option([], "--set", help="With 'config': KEY=VALUE over the config."),
 ) -> None:
-    """Print the graft tables, or one table's columns with their types and meaning."""
+    """Print the graft tables, or one table's columns with their types and meaning; ``schema config``
+    prints every setting with its default and its tier (paper, default, experimental, legacy)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -69,6 +74,11 @@ def schema(
     from schemas.definitions import steps_column_role
 
     console = Console(width=max(Console().width, 110))
+    if table == "config":
+        settings_table(console, config, overrides)
+        return
+    if config is not None or overrides:
+        raise GraftError("--config and --set go with 'graft schema config' only")
     if table is None:
         out = Table(title="graft tables")
         for col in ("table", "version", "description"):
@@ -93,6 +103,39 @@ def schema(
             "required (credit): graft graph/solve/advantage need these; default X: may be absent, "
             "filled with X; training only: the update needs them (absent = null); optional: may be absent."
         )
+
+
+def settings_table(console: Any, config_path: Path | None, overrides: list[str]) -> None:
+    """Every setting: its default, its tier, the tiers of its other values, and -- with a config --
+    the config's value and that value's tier (experimental and legacy values marked)."""
+    from rich.table import Table
+
+    from schemas.config import EXPERIMENTAL, LEGACY, load_config, setting_tiers, tier_of
+
+    chosen = load_config(config_path, overrides) if config_path is not None or overrides else None
+    out = Table(title="settings and their tiers (docs/options.md)")
+    columns = ("setting", "default", "tier", "other values", *(["value", "its tier"] if chosen else []))
+    for col in columns:
+        out.add_column(col, overflow="fold")  # a setting's name is never cut
+    marked = []
+    for key, default, tier, others in setting_tiers():
+        if isinstance(others, dict):
+            other = ", ".join(f"{value!r}: {value_tier}" for value, value_tier in others.items())
+        else:
+            other = f"any: {others}" if others else ""
+        row = [key, repr(default), tier, other]
+        if chosen is not None:
+            value = chosen.to_dict()
+            for part in key.split("."):
+                value = value[part]
+            value_tier = tier_of(key, value)
+            row += [repr(value), value_tier]
+            if value_tier in (EXPERIMENTAL, LEGACY):
+                marked.append(f"{key} = {value!r} ({value_tier})")
+        out.add_row(*row)
+    console.print(out)
+    if chosen is not None:
+        console.print("experimental or legacy values in use: " + (", ".join(marked) if marked else "none"))
 
 
 def sql(

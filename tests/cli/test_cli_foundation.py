@@ -118,3 +118,32 @@ def test_help_lists_the_foundation_commands(runner):
     assert result.exit_code == 0
     for command in ("synth", "schema", "sql"):
         assert command in result.stdout
+
+
+def test_schema_config_lists_every_setting_with_its_tier(runner):
+    from schemas.config import setting_tiers
+
+    result = runner.invoke(app, ["schema", "config"])
+    assert result.exit_code == 0, result.output
+    flat = result.output.replace("\n", " ")
+    for key, *_ in setting_tiers():
+        assert key.split(".")[-1] in flat
+    assert "'markov': experimental" in flat and "'values': legacy" in flat
+
+
+def test_schema_config_marks_the_experimental_values_a_config_uses(runner):
+    from tests.helpers.paths import CONFIGS
+
+    args = ["schema", "config", "--config", str(CONFIGS / "quickstart.toml")]
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 0 and "experimental or legacy values in use: none" in plain.output
+    marked = runner.invoke(
+        app, [*args, "--set", "advantage.gae_horizon=markov", "--set", "solve.step_rewards=values"]
+    )
+    assert marked.exit_code == 0, marked.output
+    assert (
+        "in use: solve.step_rewards = 'values' (legacy), advantage.gae_horizon = 'markov' (experimental)"
+        in marked.output.replace("\n", " ")
+    )
+    refused = runner.invoke(app, ["schema", "steps", "--set", "a=b"])
+    assert refused.exit_code == 2 and "go with 'graft schema config' only" in refused.output
