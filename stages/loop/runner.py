@@ -54,7 +54,7 @@ from stages.credit import run_advantage, run_graph, run_solve
 from stages.envs.registry import make_environment
 from stages.evaluate import episode_table, run_eval, summary_rows
 from stages.observe.live_log import TensorBoardLogger, open_logger
-from stages.policy.live_engine import engine_released_for_update, release_engines
+from stages.policy.live_engine import close_engines, engine_released_for_update, release_engines
 from stages.rollout import run_rollout
 from stages.update.launch import loop_update
 from stages.update.retention import prune_checkpoints
@@ -218,6 +218,7 @@ def run_loop(
                     run, config, iters, stage_runners, on_iteration, prepare, logger, on_initial_eval
                 )
         finally:
+            close_engines()
             if logger is not None:
                 logger.close()
 

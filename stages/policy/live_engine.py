@@ -78,6 +78,13 @@ def release_engines() -> int:
     return released
 
 
+def close_engines() -> None:
+    """Close every live rollout engine (the end of a loop: a vLLM engine's processes stop cleanly)."""
+    for engine in _ENGINES.values():
+        engine.close()
+    _ENGINES.clear()
+
+
 def engine_released_for_update(config: Config) -> bool:
     """Whether the loop frees the rollout engine before an update or evaluation
     (``rollout.release_engine``; "auto": when the run is on a GPU, where the update needs its memory)."""

@@ -333,11 +333,12 @@ def test_the_quickstart_loop_runs_on_one_vllm_engine(tmp_path, counted_engines, 
     joined = steps.join(ref, on=["group_id", "traj_id", "step"])
     worst, _ = gap(joined["response_logprobs"].to_list(), [np.asarray(v) for v in joined["ref_logprobs"]])
     assert joined.height == steps.height and worst < LOGPROB_ATOL
+    assert len(counted_engines) == 1  # (initial eval,) 2 rollouts (and 2 evals): one engine
     if weights == "full":
         result = CliRunner().invoke(app, ["eval", str(run), "--iter", "1", "--force"])
         assert result.exit_code == 0, result.output
         assert pl.read_parquet(run / "iter_0001" / "eval.parquet").height > 0
-    assert len(counted_engines) == 1  # (initial eval,) 2 rollouts (, 2 evals and graft eval): one engine
+        assert len(counted_engines) == 2  # graft eval, a command of its own, starts its own
     release_engines()
 
 
