@@ -370,7 +370,7 @@ def test_docs_list_every_experimental_and_legacy_value():
 
     from schemas.config import EXPERIMENTAL, LEGACY, setting_tiers
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "options.md").read_text()
     listed = []
     for key, _, _, others in setting_tiers():
         if isinstance(others, dict):
