@@ -1,13 +1,13 @@
-"""The credit stages under the two readings, side by side in one run (docs/design.md §10; issue: RL that improves
-the warm start): protocol v4's (``solve.step_rewards = "values"``, ``advantage.gae_horizon = "literal"``)
-against the default (``"step"``, ``"markov"``) on the same ~1M synthetic steps.
+"""The credit stages under three readings, side by side in one run (docs/design.md §10): the legacy one
+(``solve.step_rewards = "values"``, ``advantage.gae_horizon = "literal"``), the default (``"step"``,
+``"literal"``) and the Markov horizon option (``"step"``, ``"markov"``), on the same ~1M synthetic steps.
 
     python bench/credit_readings_bench.py [--steps 1000000] [--repeats 3] [--no-write]
 
-The graph is built once (both readings share it); solve and advantage (graft, Graph GAE, node
+The graph is built once (the readings share it); solve and advantage (graft, Graph GAE, node
 normalization) are timed per reading, interleaved, best of ``--repeats`` (wall and CPU seconds).
 Also reported: how many rows' Graph-GAE tails walk (differ from their TD) under each reading.
-Writes the "Credit readings: v4 vs default on 1M steps" section of docs/results/speed.md. Not a test.
+Writes the "Credit readings on 1M steps: legacy, default, Markov option" section of docs/results/speed.md. Not a test.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from advantage_bench import GAMMA, LAM, STEPS_PER_GROUP, SYNTH, _machine  # noqa: E402
 
 READINGS = {
-    "v4 (values, literal)": {"step_rewards": "values", "gae_horizon": "literal"},
-    "default (step, markov)": {"step_rewards": "step", "gae_horizon": "markov"},
+    "legacy (values, literal)": {"step_rewards": "values", "gae_horizon": "literal"},
+    "default (step, literal)": {"step_rewards": "step", "gae_horizon": "literal"},
+    "option (step, markov)": {"step_rewards": "step", "gae_horizon": "markov"},
 }
 
 
@@ -66,7 +67,7 @@ def main() -> None:
                 best[name][key] = min(best[name].get(key, np.inf), value)
             own_reward = steps["reward"].to_numpy() if modes["step_rewards"] == "step" else 0.0
             walked[name] = float(np.mean(np.abs(out.gae - own_reward - out.td) > 1e-12))
-    base, new = best.values()
+    legacy = best["legacy (values, literal)"]
     lines = [
         f"{steps.height:,} synthetic steps ({steps['group_id'].n_unique():,} groups of 8 rollouts, "
         f"`advantage_bench.SYNTH` knobs), γ = {GAMMA}, λ = {LAM}; graph (shared) {graph_s:.2f} s; "
@@ -81,16 +82,20 @@ def main() -> None:
             f"{t['total_cpu']:.2f} | {walked[name]:.3f} |"
         )
     lines.append("")
-    lines.append(
-        f"default / v4: {new['total_wall'] / base['total_wall']:.2f}× wall, "
-        f"{new['total_cpu'] / base['total_cpu']:.2f}× CPU (solve + advantage)."
-    )
+    for name, t in best.items():
+        if t is not legacy:
+            lines.append(
+                f"{name} / legacy: {t['total_wall'] / legacy['total_wall']:.2f}× wall, "
+                f"{t['total_cpu'] / legacy['total_cpu']:.2f}× CPU (solve + advantage)."
+            )
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
         from section_writer import RESULTS, write_section
 
-        write_section(RESULTS / "speed.md", "Credit readings: v4 vs default on 1M steps", body)
+        write_section(
+            RESULTS / "speed.md", "Credit readings on 1M steps: legacy, default, Markov option", body
+        )
 
 
 if __name__ == "__main__":

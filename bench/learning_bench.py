@@ -14,8 +14,8 @@ The long-horizon protocol (docs/results/learning-household.md "Learning: long-ho
 Variants: ``graft`` (GRAFT as the config sets it: by default step rewards in the step's own credit,
 Graph GAE with Eq. 9's literal T − 1 − t horizon, node normalization), ``graft-literal`` /
 ``graft-markov`` (the horizon named explicitly), ``graft-bootstrap`` (Markov horizon with
-``graph.truncation = "bootstrap"``), ``graft-v4`` (protocol v4's credit: step rewards inside the
-values, the literal T − 1 − t horizon), ``graft-flat`` (zero credit for groups whose outcomes do not
+``graph.truncation = "bootstrap"``), ``graft-legacy`` (alias ``graft-v4``, the name the recorded
+results use: step rewards inside the values, the literal T − 1 − t horizon), ``graft-flat`` (zero credit for groups whose outcomes do not
 vary), ``graft-floor`` (node std floor 0.1 reward units), ``graft-batch`` (per-node centring, batch
 std), ``graft-time`` (turn index in the state key, with the flat-group guard), ``graft-nonorm`` (no node
 normalization), ``graft-traj`` (trajectory GAE), ``graft-td`` (no GAE), ``graft-token`` (GRAFT
@@ -60,8 +60,8 @@ VARIANTS: dict[str, list[str]] = {
     "graft-td": ["advantage.estimator=graft", "advantage.gae=none"],
     "graft-nonorm": ["advantage.estimator=graft", "advantage.gae=graph", "advantage.normalize=none"],
     "graft-token": ["advantage.estimator=graft", "advantage.gae=graph", "update.objective=grpo"],
-    # protocol v4's credit (step rewards inside the node values, the literal T - 1 - t horizon)
-    "graft-v4": [
+    # the legacy credit (step rewards inside the node values, the literal T - 1 - t horizon)
+    "graft-legacy": [
         "advantage.estimator=graft",
         "advantage.gae=graph",
         "solve.step_rewards=values",
@@ -98,6 +98,7 @@ VARIANTS: dict[str, list[str]] = {
     "graphgpo": ["advantage.estimator=graphgpo"],
     "rtmc": ["advantage.estimator=rtmc"],
 }
+VARIANTS["graft-v4"] = VARIANTS["graft-legacy"]  # the run name docs/results/learning-household.md records
 SECTION = "Learning"
 WARM_START_PARTS = ("model", "sft")
 

@@ -1,5 +1,5 @@
 """Peak memory and seconds of one update of a real pretrained model on CPU: full fine-tuning in
-float32, with gradient checkpointing, with bf16 master weights, and LoRA (issue: real models on one GPU).
+float32, with gradient checkpointing, with bf16 master weights, and LoRA.
 
     python bench/real_model_memory.py [--rows 16] [--no-write]
 

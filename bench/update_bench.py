@@ -14,7 +14,7 @@ model (household tokenizer, hidden 64, 2 layers), one torch thread:
 The update runs in iteration 1 (a typical iteration: the trained policy is a checkpoint, not the
 reference, so the reference pass runs), with configs/quickstart.toml's update settings (lr,
 minibatch 64, 1 epoch) and beta = 0.01. Each mode is timed before / after -- the last decoder layer
-at every position (``SelectedLogits.prune_last_layer = False``, the forward before issue 11) or at
+at every position (``SelectedLogits.prune_last_layer = False``, the plain forward) or at
 the scored positions only -- interleaved in one process, best of ``--repeats``; the losses of the two
 are printed side by side (equal to float rounding). Reported: CPU seconds of the process per
 iteration (one torch thread: robust to other processes sharing the cores, unlike wall time), wall

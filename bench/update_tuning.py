@@ -1,9 +1,9 @@
-"""Update tuning for protocol v5 (issue: RL that improves the warm start): the update's step size on
+"""Update tuning: the update's step size on
 tuning seeds that are not the benchmark's, the same settings for every estimator.
 
     python bench/update_tuning.py --seeds 10 11 --iters 20 --lrs 1e-4 3e-4 --variants grpo graft \
         [--extra-run grpo:1e-3:10] [--config configs/household_long.toml] [--out bench_runs/tune] \
-        [--workers 2] [--section "Update tuning for protocol v5"] [--report-only]
+        [--workers 2] [--section "Update tuning — measurements"] [--report-only]
 
 Every (lr, variant, seed) is a normal ``graft loop`` run in ``<out>/lr<lr>/<variant>-s<seed>``; the warm
 start of a seed is computed once into ``<out>/warm-s<seed>`` (or copied from a finished run of the seed)
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--extra-run", action="append", default=[], help="VARIANT:LR:SEED, e.g. grpo:1e-3:10")
     parser.add_argument("--out", default=str(ROOT / "bench_runs" / "tune"))
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--section", default="Update tuning for protocol v5 — measurements")
+    parser.add_argument("--section", default="Update tuning — measurements")
     parser.add_argument("--note", default="")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--no-write", action="store_true")
