@@ -61,10 +61,11 @@ def hide_mismatched_extensions() -> list[str]:
     return hidden
 
 
-def protect_child_processes() -> bool:
-    """When an extension is mismatched, put ``child_startup/`` first on ``PYTHONPATH`` for the processes
-    this one starts from now on (see the module docstring). Returns whether it did."""
-    if not mismatched_extensions():
+def protect_child_processes(always: bool = False) -> bool:
+    """When an extension is mismatched (or ``always``), put ``child_startup/`` first on ``PYTHONPATH``
+    for the processes this one starts from now on (see the module docstring); the hook also keeps
+    vLLM's start-up notices at ``VLLM_LOGGING_LEVEL`` there. Returns whether it did."""
+    if not (always or mismatched_extensions()):
         return False
     entries = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
     if str(CHILD_STARTUP_DIR) not in entries:

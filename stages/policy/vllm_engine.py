@@ -67,6 +67,7 @@ from schemas.errors import GraftError
 from stages.policy.adapters import adapter_base, export_merged, is_adapter_dir
 from stages.policy.engine import STOP_STRINGS, EngineOptions, Generation, check_seeds
 from stages.policy.models import check_model_dir, load_tokenizer, resolve_dtype
+from stages.policy.quiet import quiet_vllm
 from stages.policy.torch_extensions import protect_child_processes
 
 SEED_MOD = 2**63 - 1
@@ -79,10 +80,11 @@ _TORCH_DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "
 
 
 def _import_vllm() -> Any:
-    protect_child_processes()  # before vLLM starts its engine processes
     # vLLM logs each request batch and each reloaded layer at INFO/WARNING; its processes read this
     # when they start (a user's own setting wins)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    quiet_vllm(os.environ["VLLM_LOGGING_LEVEL"])
+    protect_child_processes(always=True)  # before vLLM starts its engine processes
     try:
         import vllm
     except ImportError:

@@ -60,6 +60,35 @@ def test_child_processes_get_the_startup_hook_only_when_needed(monkeypatch) -> N
     assert os.environ["PYTHONPATH"].split(os.pathsep).count(str(te.CHILD_STARTUP_DIR)) == 1
 
 
+def test_a_vllm_run_always_gives_its_child_processes_the_hook(monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(te, "mismatched_extensions", lambda: [])
+    assert te.protect_child_processes(always=True) is True
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(te.CHILD_STARTUP_DIR), "/elsewhere"]
+
+
+@pytest.mark.parametrize(("level", "expected"), [("ERROR", "40 False"), ("", "0 True")])
+def test_the_startup_hook_keeps_vllms_import_notices_at_its_log_level(level: str, expected: str) -> None:
+    """In a fresh interpreter with the hook, a notice that a vLLM module logs while it is imported (before
+    vLLM configures logging, so through Python's last-resort handler) is dropped when
+    VLLM_LOGGING_LEVEL is ERROR, and left alone when the variable is unset."""
+    probe = textwrap.dedent(
+        """
+        import logging, sys
+        logging.getLogger("vllm.triton_utils.importing").warning("Triton without a CPU backend")
+        print(logging.getLogger("vllm").level, "Triton" in sys.stderr.getvalue())
+        """
+    )
+    # stderr captured in-process so the probe can report what the last-resort handler wrote
+    probe = "import io, sys; sys.stderr = io.StringIO()\n" + probe
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(te.CHILD_STARTUP_DIR), str(REPO)])
+    if level:
+        env["VLLM_LOGGING_LEVEL"] = level
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
+
+
 def test_the_startup_hook_runs_in_a_new_interpreter_and_keeps_the_environments_own(tmp_path) -> None:
     """A fresh Python whose PYTHONPATH starts with the hook runs it before anything else, and still runs
     a ``sitecustomize`` the environment had further down the path."""
