@@ -44,9 +44,15 @@ def share_warm_start(run_dir: Path, donors: list[Path]) -> None:
 def run_variant(
     config: Path, out: Path, variant: str, seed: int, iters: int, extra: list[str], donors: list[Path]
 ) -> tuple[Path, float]:
-    """Run (or resume) one variant × seed; return its run directory and the seconds this call took."""
+    """Run (or resume) one variant × seed; return its run directory and the seconds this call took.
+
+    A run that finished all ``iters`` iterations is kept as it ran, not reopened: a protocol amended
+    after it (another engine option, say) must not refuse it or make it run again."""
     overrides = [*VARIANTS[variant], f"run.seed={seed}", f"run.name={variant}-s{seed}", *extra]
     run_dir = out / f"{variant}-s{seed}"
+    if finished_iterations(run_dir) >= iters:
+        print(f"  {variant} s{seed}: finished ({iters} iterations), kept as it ran", flush=True)
+        return run_dir, 0.0
     start = time.perf_counter()
     run, cfg, target = resolve_loop_run(str(config), str(run_dir), overrides, iters, False)
     if cfg.sft.enabled:

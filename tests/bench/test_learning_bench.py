@@ -111,3 +111,26 @@ def test_paired_differences_and_the_rule_hand_computed(tmp_path: Path) -> None:
     assert "**ahead**" not in rule
     ahead = paired_verdict({"graft-markov": (0.2, 0.099)}, "graft-literal")
     assert "graft-markov − graft-literal = +0.200 (2 paired s.e. = 0.198): **ahead**" in ahead
+
+
+def test_a_finished_run_is_kept_as_it_ran_not_reopened(tmp_path: Path, monkeypatch) -> None:
+    # graft-s0 finished 2 iterations under an earlier config; asking for 2 again must not reopen it
+    # (reopening refuses a changed config), asking for 3 must
+    import bench.learning.runs as runs
+
+    run_dir = tmp_path / "graft-s0"
+    for k in range(2):
+        (run_dir / f"iter_{k:04d}").mkdir(parents=True)
+        (run_dir / f"iter_{k:04d}" / "metrics_loop.parquet").write_bytes(b"")
+    opened: list[str] = []
+
+    def refuse(config: str, run: str, *rest: object) -> None:
+        opened.append(run)
+        raise RuntimeError("reopened")
+
+    monkeypatch.setattr(runs, "resolve_loop_run", refuse)
+    assert runs.run_variant(Path("c.toml"), tmp_path, "graft", 0, 2, [], []) == (run_dir, 0.0)
+    assert opened == []
+    with pytest.raises(RuntimeError, match="reopened"):
+        runs.run_variant(Path("c.toml"), tmp_path, "graft", 0, 3, [], [])
+    assert opened == [str(run_dir)]
