@@ -134,3 +134,55 @@ def test_a_finished_run_is_kept_as_it_ran_not_reopened(tmp_path: Path, monkeypat
     with pytest.raises(RuntimeError, match="reopened"):
         runs.run_variant(Path("c.toml"), tmp_path, "graft", 0, 3, [], [])
     assert opened == [str(run_dir)]
+
+
+def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
+    from bench.learning.run_record import record
+
+    def metrics(values: dict[str, float], stage: str) -> pl.DataFrame:
+        return pl.DataFrame(
+            {
+                "iter": [0] * len(values),
+                "stage": [stage] * len(values),
+                "name": list(values),
+                "value": list(values.values()),
+                "task_type": [None] * len(values),
+            },
+            schema_overrides={"task_type": pl.Utf8},
+        )
+
+    run = run_with_evals(tmp_path, initial_wins=32, last_wins=48)
+    update = {
+        "kl": 0.00012,
+        "policy_kl": 0.002,
+        "entropy": 0.25,
+        "engine_logprob_gap_mean": 0.0007,
+        "engine_logprob_gap_max": 0.3,
+    }
+    loop = {"seconds_rollout": 68.2, "seconds_update": 61.0, "seconds_iteration": 130.4}
+    for k, success in enumerate((0.5, 0.75)):
+        folder = run / f"iter_{k:04d}"
+        folder.mkdir(exist_ok=True)
+        rollout = {"success_rate": success, "valid_action_rate": 0.9}
+        for stage, values in (("rollout", rollout), ("update", update), ("loop", loop)):
+            write_table(metrics(values, stage), "metrics", folder / f"metrics_{stage}.parquet")
+        pl.DataFrame({"advantage": [0.0, 1.5, -0.5, 0.0]}).write_parquet(folder / "advantages.parquet")
+    text = record(run)
+    # held-out 32/64 initially, 48/64 after the checkpoint of iteration 1 (2 updates); AUC (0.5+0.75)/2
+    assert "held-out initial success 0.500" in text
+    assert "after 2 updates success **0.750**" in text
+    assert "training-success AUC 0.625" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 1 |")]
+    assert [c.strip() for c in rows[0].split("|")[1:-1]] == [
+        "1",
+        "0.750",
+        "0.900",
+        "0.0001",
+        "0.0020",
+        "0.50",
+        "0.250",
+        "68",
+        "61",
+        "130",
+        "7.0e-04 / 0.30",
+    ]

@@ -1,0 +1,111 @@
+"""One finished run's record, iteration by iteration, as a Markdown table for docs/results/.
+
+    python -m bench.learning.run_record RUN [RUN ...]
+
+For each run: a summary line (held-out success and valid-action rate of the initial policy and of
+the last evaluated checkpoint, training-success AUC) and a row per iteration: training success,
+valid-action rate, the update's KL to the reference (k3) and exact KL of the update on its probe
+rows, the share of rows with a non-zero advantage, the sampled tokens' entropy, seconds of the
+rollout, the update and the whole iteration, and the engine's log-prob gap to the trainer (mean /
+max). A long run is recorded as it finishes, so a machine that goes away takes nothing recorded
+with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import polars as pl
+
+from bench.learning.runs import finished_iterations, run_tables
+
+HEADER = (
+    "| iter | training success | valid-action rate | kl (k3, to reference) | policy_kl (exact, per update) "
+    "| rows with A ≠ 0 | entropy | rollout s | update s | iteration s | engine gap mean / max |"
+)
+
+
+def overall(path: Path) -> dict[str, float]:
+    """name -> value of a metrics table's overall rows (no task type)."""
+    if not path.is_file():
+        return {}
+    table = pl.read_parquet(path)
+    if "task_type" in table.columns:
+        table = table.filter(pl.col("task_type").is_null())
+    return dict(zip(table["name"].to_list(), table["value"].to_list(), strict=True))
+
+
+def nonzero_share(path: Path) -> float:
+    """Share of an iteration's rows whose advantage is not 0 (NaN when it has none)."""
+    if not path.is_file():
+        return float("nan")
+    advantages = pl.read_parquet(path, columns=["advantage"])["advantage"]
+    return float((advantages != 0).mean()) if advantages.len() else float("nan")
+
+
+def evaluations(run: Path) -> list[dict[str, float]]:
+    """The run's evaluations in order (initial first, ``x`` = policy updates behind it): success,
+    valid-action rate, episodes."""
+    table = run_tables(run).eval.filter(pl.col("task_type").is_null())
+    if "split" in table.columns:
+        table = table.filter(pl.col("split").is_null())
+    found = []
+    for (updates,), rows in table.sort("x").group_by("x", maintain_order=True):
+        values = dict(zip(rows["name"].to_list(), rows["value"].to_list(), strict=True))
+        found.append({"x": float(updates), **values})
+    return found
+
+
+def cell(value: float | None, digits: int) -> str:
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def record(run: Path) -> str:
+    """The summary line and the per-iteration table of ``run``."""
+    iterations = finished_iterations(run)
+    rows, successes = [HEADER, "|" + "---|" * 11], []
+    for k in range(iterations):
+        folder = run / f"iter_{k:04d}"
+        rollout, update = (
+            overall(folder / "metrics_rollout.parquet"),
+            overall(folder / "metrics_update.parquet"),
+        )
+        loop = overall(folder / "metrics_loop.parquet")
+        successes.append(rollout.get("success_rate", float("nan")))
+        gap = (
+            f"{update['engine_logprob_gap_mean']:.1e} / {update['engine_logprob_gap_max']:.2f}"
+            if ("engine_logprob_gap_mean" in update)
+            else "-"
+        )
+        rows.append(
+            f"| {k} | {cell(rollout.get('success_rate'), 3)} | {cell(rollout.get('valid_action_rate'), 3)} "
+            f"| {cell(update.get('kl'), 4)} | {cell(update.get('policy_kl'), 4)} "
+            f"| {cell(nonzero_share(folder / 'advantages.parquet'), 2)} | {cell(update.get('entropy'), 3)} "
+            f"| {cell(loop.get('seconds_rollout'), 0)} | {cell(loop.get('seconds_update'), 0)} "
+            f"| {cell(loop.get('seconds_iteration'), 0)} | {gap} |"
+        )
+    evals = evaluations(run)
+    auc = sum(successes) / len(successes) if successes else float("nan")
+    summary = f"**{run.name}** ({iterations} iterations): "
+    if evals:
+        first, last = evals[0], evals[-1]
+        summary += (
+            f"held-out initial success {first.get('success_rate', float('nan')):.3f} "
+            f"(valid {first.get('valid_action_rate', float('nan')):.3f}) → after {last['x']:.0f} updates "
+            f"success **{last.get('success_rate', float('nan')):.3f}** "
+            f"(valid {last.get('valid_action_rate', float('nan')):.3f}, {last.get('episodes', 0):.0f} episodes); "
+        )
+    summary += f"training-success AUC {auc:.3f}."
+    return summary + "\n\n" + "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    for run in parser.parse_args().runs:
+        print(record(run) + "\n")
+
+
+if __name__ == "__main__":
+    main()
