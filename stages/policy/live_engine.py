@@ -4,6 +4,7 @@ update."""
 
 from __future__ import annotations
 
+import atexit
 from pathlib import Path
 
 from schemas.config import Config
@@ -40,6 +41,7 @@ def engine_options(config: Config) -> EngineOptions:
 
 
 _ENGINES: dict[tuple[str, str], PolicyEngine] = {}  # one live engine per (kind, options), reloaded per policy
+_ENGINES_CLOSED_AT_EXIT: list[bool] = []  # [True] once ``close_engines`` is registered with atexit
 
 
 def live_engine(config: Config, model_dir: str | Path, version: str = INITIAL_VERSION) -> PolicyEngine:
@@ -52,6 +54,11 @@ def live_engine(config: Config, model_dir: str | Path, version: str = INITIAL_VE
             stale.close()
         _ENGINES.clear()
         engine = build_engine(config.rollout.engine, Path(model_dir), version, options)
+        if not _ENGINES_CLOSED_AT_EXIT:
+            # a stage command run on its own (`graft rollout`, `graft eval`) never reaches the loop's
+            # close: without this, a vLLM engine's merged LoRA weights stay in the temp folder
+            atexit.register(close_engines)
+            _ENGINES_CLOSED_AT_EXIT.append(True)
         _ENGINES[key] = engine
     else:
         engine.load(Path(model_dir), version)
