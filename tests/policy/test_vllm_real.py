@@ -300,14 +300,14 @@ def test_a_head_size_vllm_cannot_serve_is_refused_before_the_run_starts(tmp_path
 
 @pytest.fixture
 def counted_engines(monkeypatch):
-    """Counts the vLLM engines built (``vllm.LLM`` constructions) during a test."""
+    """The keyword arguments of every vLLM engine built (``vllm.LLM`` constructions) during a test."""
     import vllm
 
     built = []
 
     class CountedLLM(vllm.LLM):
         def __init__(self, *args, **kwargs):
-            built.append(kwargs.get("model"))
+            built.append(kwargs)
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(vllm, "LLM", CountedLLM)
@@ -319,11 +319,14 @@ def _update_metric(run: Path, iteration: int, name: str) -> float:
     return float(table.filter(pl.col("name") == name)["value"].item())
 
 
-@pytest.mark.parametrize("weights", ["full", "lora"])
-def test_the_quickstart_loop_runs_on_one_vllm_engine(tmp_path, counted_engines, weights) -> None:
+@pytest.mark.parametrize("weights", ["full", "lora", "lora-merged"])
+def test_the_quickstart_loop_runs_on_one_vllm_engine(tmp_path, counted_engines, weights, monkeypatch) -> None:
     """2 iterations (and, with full weights, the evaluations and ``graft eval``) on one engine: the
-    checkpoint of iteration 0 reaches it in place (full) or as a LoRA request, and the update
-    measures that it did (its recomputed log-probs equal the ones vLLM stored)."""
+    checkpoint of iteration 0 reaches it in place (full), as a LoRA request (lora) or merged and
+    reloaded in place (lora-merged, the CPU preset's way), and the update measures that it did (its
+    recomputed log-probs equal the ones vLLM stored). The merged weights leave no folder behind."""
+    import tempfile
+
     from typer.testing import CliRunner
 
     from graft_cli.app import app
@@ -343,15 +346,21 @@ def test_the_quickstart_loop_runs_on_one_vllm_engine(tmp_path, counted_engines, 
         "update.beta=0.01",  # the reference pass of iteration 0 is the old log-probs (reflogprobs)
         "model.tiny_vocab_tasks=4",
     ]
-    if weights == "lora":
+    if weights != "full":
         settings.append("update.lora={ r = 4, alpha = 8.0 }")
+    if weights == "lora-merged":
+        settings.append('rollout.engine_options={ lora = "merged" }')
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     args = ["loop", "--config", str(ROOT / "configs" / "quickstart.toml"), "--run", str(run), "--iters", "2"]
     for item in settings:
         args += ["--set", item]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    if weights == "lora":
+    if weights != "full":
         assert (run / "checkpoints" / "iter_0000" / "adapter_config.json").is_file()
+    assert not list(scratch.glob("graft-vllm-merged-*"))  # the loop's end closed the engine
     for iteration in (0, 1):  # iteration 1 acts with the checkpoint of iteration 0
         assert _update_metric(run, iteration, "engine_logprob_gap_max") < LOGPROB_ATOL
     # at iteration 0 the acting policy is the reference: vLLM's stored log-probs vs the trainer's
@@ -361,6 +370,8 @@ def test_the_quickstart_loop_runs_on_one_vllm_engine(tmp_path, counted_engines, 
     worst, _ = gap(joined["response_logprobs"].to_list(), [np.asarray(v) for v in joined["ref_logprobs"]])
     assert joined.height == steps.height and worst < LOGPROB_ATOL
     assert len(counted_engines) == 1  # (initial eval,) 2 rollouts (and 2 evals): one engine
+    # adapters need an engine built for LoRA requests; merged weights need none
+    assert counted_engines[0].get("enable_lora", False) == (weights == "lora")
     if weights == "full":
         result = CliRunner().invoke(app, ["eval", str(run), "--iter", "1", "--force"])
         assert result.exit_code == 0, result.output
