@@ -5,7 +5,8 @@
 For each run: a summary line (held-out success and valid-action rate of the initial policy and of
 the last evaluated checkpoint, training-success AUC) and a row per iteration: training success,
 valid-action rate, the update's KL to the reference (k3) and exact KL of the update on its probe
-rows, the share of rows with a non-zero advantage, the sampled tokens' entropy, seconds of the
+rows, the share of rows at a branching state (its rollouts went on to different next states) and of
+rows with a non-zero advantage, the sampled tokens' entropy, seconds of the
 rollout, the update and the whole iteration, and the engine's log-prob gap to the trainer (mean /
 max). A long run is recorded as it finishes, so a machine that goes away takes nothing recorded
 with it.
@@ -22,7 +23,7 @@ from bench.learning.runs import finished_iterations, run_tables
 
 HEADER = (
     "| iter | training success | valid-action rate | kl (k3, to reference) | policy_kl (exact, per update) "
-    "| rows with A ≠ 0 | entropy | rollout s | update s | iteration s | engine gap mean / max |"
+    "| rows at a branching state | rows with A ≠ 0 | entropy | rollout s | update s | iteration s | engine gap mean / max |"
 )
 
 
@@ -42,6 +43,19 @@ def nonzero_share(path: Path) -> float:
         return float("nan")
     advantages = pl.read_parquet(path, columns=["advantage"])["advantage"]
     return float((advantages != 0).mean()) if advantages.len() else float("nan")
+
+
+def branching_share(path: Path) -> float:
+    """Share of an iteration's rows (graph edges) that leave a state whose rollouts did not all go to
+    the same next state: the only places where a step's credit can differ from its siblings' (NaN
+    without a graph)."""
+    if not path.is_file():
+        return float("nan")
+    edges = pl.read_parquet(path, columns=["group_id", "src", "dst"])
+    if edges.height == 0:
+        return float("nan")
+    successors = edges.group_by("group_id", "src").agg(pl.col("dst").n_unique().alias("successors"))
+    return float((edges.join(successors, on=["group_id", "src"])["successors"] >= 2).mean())
 
 
 def evaluations(run: Path) -> list[dict[str, float]]:
@@ -64,7 +78,7 @@ def cell(value: float | None, digits: int) -> str:
 def record(run: Path) -> str:
     """The summary line and the per-iteration table of ``run``."""
     iterations = finished_iterations(run)
-    rows, successes = [HEADER, "|" + "---|" * 11], []
+    rows, successes = [HEADER, "|" + "---|" * 12], []
     for k in range(iterations):
         folder = run / f"iter_{k:04d}"
         rollout, update = (
@@ -81,6 +95,7 @@ def record(run: Path) -> str:
         rows.append(
             f"| {k} | {cell(rollout.get('success_rate'), 3)} | {cell(rollout.get('valid_action_rate'), 3)} "
             f"| {cell(update.get('kl'), 4)} | {cell(update.get('policy_kl'), 4)} "
+            f"| {cell(branching_share(folder / 'edges.parquet'), 2)} "
             f"| {cell(nonzero_share(folder / 'advantages.parquet'), 2)} | {cell(update.get('entropy'), 3)} "
             f"| {cell(loop.get('seconds_rollout'), 0)} | {cell(loop.get('seconds_update'), 0)} "
             f"| {cell(loop.get('seconds_iteration'), 0)} | {gap} |"

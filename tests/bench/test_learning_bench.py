@@ -167,6 +167,11 @@ def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
         for stage, values in (("rollout", rollout), ("update", update), ("loop", loop)):
             write_table(metrics(values, stage), "metrics", folder / f"metrics_{stage}.parquet")
         pl.DataFrame({"advantage": [0.0, 1.5, -0.5, 0.0]}).write_parquet(folder / "advantages.parquet")
+        # group 0: node 0 -> 1 twice and -> 2 once (3 rows at a branching state), node 1 -> 3 once;
+        # group 1: node 0 -> 1 three times (the same next state: not branching); 3 of 7 rows
+        pl.DataFrame(
+            {"group_id": [0, 0, 0, 0, 1, 1, 1], "src": [0, 0, 0, 1, 0, 0, 0], "dst": [1, 1, 2, 3, 1, 1, 1]}
+        ).write_parquet(folder / "edges.parquet")
     text = record(run)
     # held-out 32/64 initially, 48/64 after the checkpoint of iteration 1 (2 updates); AUC (0.5+0.75)/2
     assert "held-out initial success 0.500" in text
@@ -179,6 +184,7 @@ def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
         "0.900",
         "0.0001",
         "0.0020",
+        "0.43",
         "0.50",
         "0.250",
         "68",
