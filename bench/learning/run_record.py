@@ -19,7 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
-from bench.learning.runs import finished_iterations, run_tables
+from bench.learning.runs import finished_iterations, overall_evaluations
 
 HEADER = (
     "| iter | training success | valid-action rate | kl (k3, to reference) | policy_kl (exact, per update) "
@@ -61,9 +61,7 @@ def branching_share(path: Path) -> float:
 def evaluations(run: Path) -> list[dict[str, float]]:
     """The run's evaluations in order (initial first, ``x`` = policy updates behind it): success,
     valid-action rate, episodes."""
-    table = run_tables(run).eval.filter(pl.col("task_type").is_null())
-    if "split" in table.columns:
-        table = table.filter(pl.col("split").is_null())
+    table = overall_evaluations(run)
     found = []
     for (updates,), rows in table.sort("x").group_by("x", maintain_order=True):
         values = dict(zip(rows["name"].to_list(), rows["value"].to_list(), strict=True))

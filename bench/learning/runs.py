@@ -46,7 +46,7 @@ def run_variant(
 ) -> tuple[Path, float]:
     """Run (or resume) one variant × seed; return its run directory and the seconds this call took.
 
-    A run that finished all ``iters`` iterations is kept as it ran, not reopened: a protocol amended
+    A run that finished all ``iters`` iterations is kept as it ran, not reopened: a config changed
     after it (another engine option, say) must not refuse it or make it run again."""
     overrides = [*VARIANTS[variant], f"run.seed={seed}", f"run.name={variant}-s{seed}", *extra]
     run_dir = out / f"{variant}-s{seed}"
@@ -145,12 +145,16 @@ def run_seed(run_dir: Path) -> int:
     return int(run_dir.name.rsplit("-s", 1)[1])
 
 
+def overall_evaluations(run_dir: Path) -> pl.DataFrame:
+    """The eval rows of a run over all its tasks (no task type, no split)."""
+    ev = run_tables(run_dir).eval.filter(pl.col("task_type").is_null())
+    return ev.filter(pl.col("split").is_null()) if "split" in ev.columns else ev
+
+
 def held_out(run_dir: Path) -> dict[str, float] | None:
     """The initial and the last evaluation of a run (overall rows): success, episodes, and x (the
     policy updates behind the last one); None for a run without evaluations."""
-    ev = run_tables(run_dir).eval.filter(pl.col("task_type").is_null())
-    if "split" in ev.columns:
-        ev = ev.filter(pl.col("split").is_null())
+    ev = overall_evaluations(run_dir)
     success = ev.filter(pl.col("name") == "success_rate").sort("x")
     episodes = ev.filter(pl.col("name") == "episodes").sort("x")
     if success.height == 0:
