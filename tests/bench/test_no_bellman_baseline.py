@@ -24,7 +24,7 @@ QUICKSTART = REPO / "configs" / "quickstart.toml"
 
 def test_every_learning_variant_is_a_valid_config() -> None:
     # a misspelt override would only surface hours into a registered run
-    for name, overrides in VARIANTS.items():
+    for overrides in VARIANTS.values():
         load_config(QUICKSTART, overrides)
     assert load_config(QUICKSTART, VARIANTS["graphmc"]).advantage.estimator == "graphmc"
 
