@@ -255,6 +255,11 @@ class AdvantageConfig:
     gigpo_cross_steps: bool = setting(True, DEFAULT)
     # range: step return 10 * w^distance
     graphgpo_w: float = setting(0.1, DEFAULT, rule=_within(0, 1, low_open=True))
+    # the bench oracle (estimator "oracle", stages.credit.advantage.oracle): K continuations of the
+    # policy from every distinct (group, turn, state) of the rollout, played in the rollout stage; its
+    # advantage error falls like 1/K (docs/results/credit-headroom.md)
+    # range: continuations per start; the cost grows linearly with it
+    oracle_continuations: int = setting(8, DEFAULT, rule=_within(1, 4096))
 
 
 @dataclass

@@ -287,6 +287,23 @@ TRUTH = TableSpec(
     ),
 )
 
+ORACLE = TableSpec(
+    "oracle",
+    1,
+    "Monte-Carlo state values of the bench oracle: K continuations of the acting policy from every "
+    "distinct (group, turn, state) of the rollout",
+    (
+        _c("group_id", _str, "rollout group"),
+        _c("step", _i32, "turn index t of the state"),
+        _c("state", _str, "state key s_t"),
+        _c("value", _f64, "mean discounted return of the continuations from s_t: V^pi(s_t) estimated"),
+        _c("return_std", _f64, "std (ddof 1; 0 for one continuation) of those returns"),
+        _c("continuations", _i32, "continuations played from s_t (K)"),
+        _c("turns", _i32, "policy turns the continuations took, all together"),
+    ),
+)
+
 TABLES: dict[str, TableSpec] = {
-    t.name: t for t in (STEPS, NODES, EDGES, VALUES, ADVANTAGES, METRICS, EVAL, UPDATE, REFLOGPROBS, TRUTH)
+    t.name: t
+    for t in (STEPS, NODES, EDGES, VALUES, ADVANTAGES, METRICS, EVAL, UPDATE, REFLOGPROBS, TRUTH, ORACLE)
 }

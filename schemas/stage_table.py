@@ -42,7 +42,8 @@ STAGE_TABLE: tuple[Stage, ...] = (
     Stage(
         "rollout",
         outputs=("steps.parquet",),
-        derived_files=("metrics_rollout.parquet", "overrides_rollout.json"),
+        # oracle.parquet: the bench oracle's continuations (advantage.estimator = "oracle" only)
+        derived_files=("metrics_rollout.parquet", "overrides_rollout.json", "oracle.parquet"),
         tables=("steps",),
         inputs=(),
         label="roll",

@@ -12,7 +12,8 @@ centring, batch std), ``graft-time`` (turn index in the state key, with the flat
 ``graft-token`` (GRAFT credit, token-level GRPO objective instead of GRPO-C: the paper's Table 3
 ablation), ``frozen`` (the control: no update), ``grpo``, ``gigpo``, ``rloo``, ``salt``, ``graphgpo``,
 ``rtmc``, ``graphmc`` (graph TD credit from Monte-Carlo node
-values, the mean return of the visits, instead of the Bellman solve).
+values, the mean return of the visits, instead of the Bellman solve), ``oracle`` (the bench oracle:
+Monte-Carlo advantages from continuations played in the environment).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ VARIANTS: dict[str, list[str]] = {
     # Monte-Carlo node values (mean return of the visits) instead of the Bellman solve, credit the value
     # difference across the edge, node normalization as configured
     "graphmc": ["advantage.estimator=graphmc"],
+    # the bench oracle: Monte-Carlo step advantages from K continuations of the policy per distinct
+    # (group, turn, state), played in the rollout stage (stages.credit.advantage.oracle)
+    "oracle": ["advantage.estimator=oracle"],
 }
 
 

@@ -116,13 +116,15 @@ def advantages(
     config: Config | AdvantageConfig | None = None,
     *,
     validate: bool = True,
+    oracle: pl.DataFrame | None = None,
     **options: Any,
 ) -> pl.DataFrame:
     """Advantages table for ``steps``; graph and values are computed when not given.
 
     ``config``: a full Config (graph/solve/advantage sections used) or an AdvantageConfig; keyword
     ``options`` override AdvantageConfig fields (``estimator="grpo"``, ``lam=0.6``, ...);
-    ``gamma`` and ``step_rewards`` override solve.gamma and solve.step_rewards.
+    ``gamma`` and ``step_rewards`` override solve.gamma and solve.step_rewards. ``oracle``: the
+    ``oracle`` table the bench oracle estimator reads (stages.credit.advantage.oracle).
     """
     full = config if isinstance(config, Config) else Config()
     adv = config if isinstance(config, AdvantageConfig) else full.advantage
@@ -142,7 +144,9 @@ def advantages(
         nodes, edges = graph_from_config(steps, full)
     if values is None:
         values = solve_values(nodes, edges, gamma, full.solve.eps, step_rewards=step_rewards)
-    return compute_advantages(steps, nodes, edges, values, adv, gamma, step_rewards=step_rewards)
+    return compute_advantages(
+        steps, nodes, edges, values, adv, gamma, step_rewards=step_rewards, oracle=oracle
+    )
 
 
 def run_all(

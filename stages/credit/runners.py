@@ -14,6 +14,7 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.rundir import Run
 from stages.credit.advantage.compute import compute_advantages
+from stages.credit.advantage.oracle import BENCH_ORACLES
 from stages.credit.api import (
     advantage_metrics,
     embed_metrics,
@@ -147,6 +148,15 @@ def advantage_files(
         chain.index = None
     if chain.values is None:
         chain.values = read_table(folder / "values.parquet", "values")
+    oracle = None
+    if config.advantage.estimator in BENCH_ORACLES:
+        oracle_path = folder / "oracle.parquet"
+        if not oracle_path.is_file():
+            raise GraftError(
+                f"advantage: estimator '{config.advantage.estimator}' reads {oracle_path}, the rollout "
+                "stage's Monte-Carlo continuations, and it is missing (rerun the rollout with this estimator)"
+            )
+        oracle = read_table(oracle_path, "oracle")
     adv = compute_advantages(
         steps,
         chain.nodes,
@@ -156,6 +166,7 @@ def advantage_files(
         config.solve.gamma,
         index=chain.index,
         step_rewards=config.solve.step_rewards,
+        oracle=oracle,
     )
     bad = adv.filter(~pl.col("advantage").is_finite())
     if bad.height:

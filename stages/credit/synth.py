@@ -192,6 +192,46 @@ def exact_values(mdps: SynthMDPs, gamma: float) -> tuple[np.ndarray, np.ndarray]
     return V, Q
 
 
+def continuation_returns(
+    mdps: SynthMDPs,
+    group: np.ndarray,
+    layer: np.ndarray,
+    pos: np.ndarray,
+    k: int,
+    gamma: float,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Returns of ``k`` episodes of the policy from each start ``(group[i], layer[i], pos[i])`` of the
+    layered MDPs (shape (n, k)): ``G = Σ_j γ^j r_j + γ^n R`` with the sampler's dynamics, the Monte-Carlo
+    counterpart of ``exact_values`` (its mean over k is an unbiased estimate of V(l, p))."""
+    if not mdps.layered:
+        raise GraftError("synth: continuations need the layered (truth=True) MDPs (layer = turn)")
+    K = mdps.actions
+    g = np.repeat(np.asarray(group, np.int64), k)
+    lay = np.repeat(np.asarray(layer, np.int64), k)
+    p = np.repeat(np.asarray(pos, np.int64), k)
+    ret = np.zeros(g.size)
+    disc = np.ones(g.size)
+    alive = lay < mdps.horizon
+    cum = np.cumsum(mdps.policy, axis=-1)
+    while (idx := np.flatnonzero(alive)).size:
+        gi, li, pi = g[idx], lay[idx], p[idx]
+        c = cum[gi, li, pi]
+        u = rng.random(idx.size) * c[:, -1]
+        a = np.minimum((u[:, None] >= c).sum(axis=1), K)
+        invalid = a == K
+        av = np.minimum(a, K - 1)
+        kind = np.where(invalid, CONTINUE, mdps.kind[gi, li, pi, av])
+        ret[idx] += disc[idx] * np.where(invalid, mdps.invalid_penalty, 0.0)
+        disc[idx] *= gamma
+        ret[idx] += disc[idx] * np.where(kind == GOAL, mdps.success_reward, 0.0)
+        nl = np.where(invalid, li + 1, mdps.next_layer[gi, li, pi, av])
+        npos = np.where(invalid, pi, mdps.next_pos[gi, li, pi, av])
+        lay[idx], p[idx] = nl, npos
+        alive[idx] = (kind == CONTINUE) & (nl < mdps.horizon)  # V(H, .) = 0: a cut episode fails
+    return ret.reshape(-1, k)
+
+
 @dataclass(frozen=True)
 class _Rollouts:
     """Flat per-row arrays of sampled rollouts (rows ordered by trajectory, then step)."""

@@ -164,6 +164,8 @@ def collect_episodes(
     group_ids: Sequence[int] | None = None,
     group_count: int | None = None,
     stats: dict[str, float] | None = None,
+    prefixes: Sequence[Sequence[tuple[str, bool]]] | None = None,
+    stream: str = "rollout",
 ) -> pl.DataFrame:
     """Play ``group_size`` episodes of each task in lockstep; return their steps rows (docs/design.md §3).
 
@@ -178,6 +180,11 @@ def collect_episodes(
     prompt_truncated, scored_tokens, policy_calls. ``settings.action_parsing``: the rule that reads
     generate-mode responses and decides which turns are invalid (``env.action_parsing``,
     ``stages.envs.parser``); choose mode picks an admissible action, valid under both rules.
+    ``prefixes[k]`` (continuations, the Monte-Carlo oracle): (action, valid) pairs replayed on every
+    episode of ``tasks[k]`` before the policy acts, which restores the state they reached (the
+    built-in worlds are deterministic given the task and the actions); the rows returned are the
+    policy's turns after the prefix only, numbered from 0. ``stream`` names the random streams
+    (``"<stream>-episode"``, ``"<stream>-generate"``), so continuations never reuse the rollout's.
     """
     mode, temperature, batch_size = settings.mode, settings.temperature, settings.batch_size
     batch_scope, max_env_errors = settings.batch_scope, settings.max_env_errors
@@ -191,6 +198,8 @@ def collect_episodes(
     group_ids = list(range(len(tasks))) if group_ids is None else list(group_ids)
     if len(group_ids) != len(tasks):
         raise ValueError("one group id per task")
+    if prefixes is not None and len(prefixes) != len(tasks):
+        raise ValueError("one prefix per task")
     group_digits = max(2, len(str(max((group_count or 0) - 1, *group_ids, 0))))
     rollout_digits = len(str(group_size - 1))
     counters = {"env_errors": 0.0, "prompt_truncated": 0.0, "scored_tokens": 0.0, "policy_calls": 0.0}
@@ -207,14 +216,19 @@ def collect_episodes(
             )
 
     slots: list[_Slot] = []
-    for g, task in zip(group_ids, tasks, strict=True):
+    for k, (g, task) in enumerate(zip(group_ids, tasks, strict=True)):
         for r in range(group_size):
             try:
                 episode = Episode(env, task, action_parsing)
             except Exception as exc:  # a task that cannot even reset yields no trajectory
                 env_error(f"reset failed: {type(exc).__name__}: {exc}", task)
                 continue
-            slots.append(_Slot(g, r, task, episode, derive_rng(seed, iteration, "rollout-episode", g, r)))
+            if prefixes is not None:
+                for action, valid in prefixes[k]:
+                    episode.act(action or None, valid)  # "" = an unparseable turn
+                if episode.done:
+                    raise ValueError(f"prefix of task {task.task_id} ends its episode: nothing to continue")
+            slots.append(_Slot(g, r, task, episode, derive_rng(seed, iteration, f"{stream}-episode", g, r)))
 
     renderer = _Renderer(
         engine, env, mode, settings.history_length, settings.max_prompt_tokens, settings.prompt_fn
@@ -235,7 +249,7 @@ def collect_episodes(
                     # one stream per (episode, step), like choose mode's per-episode stream: the
                     # sampled text depends neither on rollout.batch_size nor on --shard
                     gen_seeds = [
-                        derive_seed(seed, iteration, "rollout-generate", s.group, s.rollout, len(s.rows))
+                        derive_seed(seed, iteration, f"{stream}-generate", s.group, s.rollout, len(s.rows))
                         for s in batch
                     ]
                     outs = _generate_turn(

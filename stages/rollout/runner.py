@@ -14,6 +14,7 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.initial_model import acting_policy
 from schemas.rundir import Run
+from stages.credit.advantage.oracle import BENCH_ORACLES
 from stages.envs.base import Environment, Task, environment_tasks
 from stages.envs.registry import make_environment
 from stages.play.collect import ProgressHook, collect_episodes
@@ -22,6 +23,7 @@ from stages.policy.engine import PolicyEngine
 from stages.policy.live_engine import live_engine
 from stages.policy.sampling import derive_rng
 from stages.rollout.metrics import rollout_metrics
+from stages.rollout.oracle import iteration_tasks, play_oracle
 from stages.rollout.shards import merge_rollout_shards, shard_name
 
 
@@ -81,6 +83,24 @@ def rollout_iteration(
 
     ``env``: an environment of ``config`` to reuse (a Ray rollout actor keeps one between iterations);
     None builds one."""
+    steps, metrics, _ = _play_iteration(
+        config, iteration, model_dir, version, shard=shard, progress=progress, env=env, oracle=False
+    )
+    return steps, metrics
+
+
+def _play_iteration(
+    config: Config,
+    iteration: int,
+    model_dir: Path,
+    version: str,
+    *,
+    shard: tuple[int, int] | None,
+    progress: bool | ProgressHook | None,
+    env: Environment | None,
+    oracle: bool,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
+    """rollout_iteration, and with ``oracle`` the bench oracle's table (stages.rollout.oracle)."""
     import torch
 
     from stages.policy.models import resolve_device
@@ -107,7 +127,22 @@ def rollout_iteration(
         "prompt_truncated": stats.get("prompt_truncated", 0.0),
         "env_errors": stats.get("env_errors", 0.0),  # includes tasks whose reset failed (no rows)
     }
-    return steps, rollout_metrics(steps, float(env.success_outcome), iteration, extra)
+    table = None
+    if oracle:  # after the rollout's own timing: its cost is reported on its own (oracle_seconds)
+        table, cost = play_oracle(
+            engine,
+            env,
+            steps,
+            iteration_tasks(groups),
+            config.advantage.oracle_continuations,
+            config.solve.gamma,
+            PlaySettings.from_config(config),
+            seed=config.run.seed,
+            iteration=iteration,
+            version=version,
+        )
+        extra.update(cost)
+    return steps, rollout_metrics(steps, float(env.success_outcome), iteration, extra), table
 
 
 def run_rollout(
@@ -127,10 +162,20 @@ def run_rollout(
     (``merge_rollout_shards``), which is all the graph stage reads. Returns the steps path (the shard
     file when the merge is still waiting for other workers).
     """
+    oracle = config.advantage.estimator in BENCH_ORACLES
+    if oracle and shard is not None:
+        raise GraftError(
+            f"advantage.estimator = '{config.advantage.estimator}' plays its continuations in the rollout "
+            "stage, which it does unsharded only (leave out --shard and --executor ray)"
+        )
     model_dir, version = acting_policy(run, iteration, config, "rollout")
     if shard is None:
-        steps, metrics = rollout_iteration(config, iteration, model_dir, version, progress=progress)
+        steps, metrics, table = _play_iteration(
+            config, iteration, model_dir, version, shard=None, progress=progress, env=None, oracle=oracle
+        )
         write_table(metrics, "metrics", run.iter_dir(iteration) / "metrics_rollout.parquet")
+        if table is not None:
+            run.write(iteration, "oracle", table)
         return run.write(iteration, "steps", steps)
     steps_path = run.iter_dir(iteration) / shard_name("steps", shard)
     if not steps_path.is_file() and not run.stage_complete("rollout", iteration):

@@ -36,12 +36,14 @@ def compute_advantages(
     gamma: float,
     index: GraphIndex | None = None,
     step_rewards: str = "step",
+    oracle: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Advantages table, one row per steps row in the same order, from estimator ``config.estimator``.
 
     ``edges`` must be row-aligned with ``steps`` (the graph stage's output for these steps);
     ``index``: stages.credit.bellman.index_graph(nodes, edges) when the caller already has it;
-    ``step_rewards``: the solve.step_rewards the values were computed with.
+    ``step_rewards``: the solve.step_rewards the values were computed with; ``oracle``: the rollout
+    stage's ``oracle`` table (bench oracles only, stages.credit.advantage.oracle).
     With ``config.flat_groups = "zero"`` every row of a group whose outcomes do not vary gets
     advantage 0, whatever the estimator (td and gae stay as computed).
     """
@@ -62,6 +64,7 @@ def compute_advantages(
                 gamma=gamma,
                 index=index,
                 step_rewards=step_rewards,
+                oracle=oracle,
             ),
             config,
         )

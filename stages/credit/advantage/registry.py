@@ -27,6 +27,7 @@ class CreditInputs:
     gamma:  discount of the graph solve (docs/design.md §4)
     index:  stages.credit.bellman.index_graph(nodes, edges) when the caller already has it (else None)
     step_rewards: solve.step_rewards the values were solved with ("step": r_t is not inside V)
+    oracle: the ``oracle`` table of Monte-Carlo state values (bench oracles only; None otherwise)
     """
 
     steps: pl.DataFrame
@@ -36,6 +37,7 @@ class CreditInputs:
     gamma: float
     index: GraphIndex | None = None
     step_rewards: str = "step"
+    oracle: pl.DataFrame | None = None
 
 
 @dataclass(frozen=True)
