@@ -214,3 +214,24 @@ def test_rollout_stage_refuses_the_oracle_when_sharded(tmp_path):
     with pytest.raises(GraftError, match="unsharded only"):
         run_rollout(run, 0, config, shard=(0, 2))
     assert not (run.iter_dir(0) / "oracle.parquet").exists()
+
+
+def test_advantage_stage_reads_the_rollout_oracle_table(tmp_path):
+    from schemas import write_table
+    from stages.credit.runners import advantage_files, graph_files, solve_files
+
+    steps = _two_trajectories()
+    write_table(steps, "steps", tmp_path / "steps.parquet")
+    config = Config()
+    config.advantage.estimator = "oracle"
+    config.solve.gamma = GAMMA
+    graph_files(tmp_path / "steps.parquet", tmp_path, config)
+    solve_files(tmp_path, config)
+    with pytest.raises(GraftError, match="oracle.parquet"):
+        advantage_files(tmp_path / "steps.parquet", tmp_path, config)
+    assert not (tmp_path / "advantages.parquet").exists()
+    table = oracle_table(oracle_starts(steps), [np.array([2.0, 4.0]), np.array([5.0])])
+    write_table(table, "oracle", tmp_path / "oracle.parquet")
+    advantage_files(tmp_path / "steps.parquet", tmp_path, config)
+    adv = pl.read_parquet(tmp_path / "advantages.parquet")
+    assert adv["gae"].to_list() == pytest.approx([GAMMA * 5 - 3, GAMMA * 10 - 5, -0.1 + GAMMA * 5 - 3, -5.0])
