@@ -5,10 +5,13 @@ Reads the iterations of runs made with ``advantage.estimator = "oracle"`` (their
 config, and compares them row by row with the oracle's A (reward units, ``stages.credit.advantage.oracle``):
 
 * sign agreement: share of rows with oracle A ≠ 0 where the estimator's advantage has the same sign
-  (a 0 counts as a disagreement);
+  (a 0 counts as a disagreement); beside it the share of those rows the estimator credits at all (≠ 0);
 * correlation: Pearson correlation of the two over all rows;
 * MSE: mean squared difference after scaling each to unit std over the iteration's rows (the
-  estimators' units differ: reward units, or std units after normalization).
+  estimators' units differ: reward units, or std units after normalization);
+* the row "oracle itself": the square root of the share of the oracle's variance that is not its own
+  Monte-Carlo noise (from each start's return std and K), the correlation a perfect credit would have
+  with the oracle's noisy A.
 
 Pooled over the runs' iterations (mean over iterations, each iteration weighted by its rows).
 
@@ -38,11 +41,13 @@ def agreement(oracle_a: np.ndarray, other: np.ndarray) -> dict[str, float]:
     """Sign agreement (rows with oracle A ≠ 0), Pearson correlation and unit-scaled MSE of two credits."""
     nonzero = np.abs(oracle_a) > 1e-9
     sign = float(np.mean(np.sign(other[nonzero]) == np.sign(oracle_a[nonzero]))) if nonzero.any() else np.nan
+    credited = float(np.mean(np.abs(other[nonzero]) > 1e-9)) if nonzero.any() else np.nan
     spread = np.std(oracle_a) > 0 and np.std(other) > 0
     corr = float(np.corrcoef(oracle_a, other)[0, 1]) if spread else np.nan
     mse = float(np.mean((_unit(oracle_a) - _unit(other)) ** 2))
     return {
         "sign": sign,
+        "credited": credited,
         "corr": corr,
         "mse": mse,
         "rows": float(oracle_a.size),
@@ -61,6 +66,7 @@ def iteration_agreement(iter_dir: Path, config, estimators: list[str]) -> dict[s
     steps = read_table(iter_dir / "steps.parquet", "steps")
     table = read_table(iter_dir / "oracle.parquet", "oracle")
     oracle_a = oracle_step_advantages(steps, table, config.solve.gamma)
+    noise = oracle_noise(steps, table, config.solve.gamma)
     nodes, edges = credit.graph(steps, config.graph.canonicalize, validate=False)
     values = credit.solve(nodes, edges, config.solve.gamma)
     out = {}
@@ -70,7 +76,31 @@ def iteration_agreement(iter_dir: Path, config, estimators: list[str]) -> dict[s
             validate=False, gamma=config.solve.gamma,
         )  # fmt: skip
         out[name] = agreement(oracle_a, adv["advantage"].to_numpy())
+    var = float(np.var(oracle_a))
+    out["oracle itself"] = {
+        "sign": np.nan, "credited": np.nan, "mse": np.nan, "rows": float(oracle_a.size), "nonzero": 0.0,
+        # the oracle's own reliability: share of its variance that is not Monte-Carlo noise (its
+        # square root bounds any credit's correlation with it)
+        "corr": float(np.sqrt(max(0.0, 1.0 - noise / var))) if var > 0 else np.nan,
+    }  # fmt: skip
     return out
+
+
+def oracle_noise(steps: pl.DataFrame, table: pl.DataFrame, gamma: float) -> float:
+    """Mean Monte-Carlo variance of the oracle's A over the rows: Var V̂(s) = σ²(s) / K per start, and
+    A = r + γ V̂(s') − V̂(s) adds the two (independent continuations)."""
+    var = table.select(
+        "group_id", pl.col("step").cast(pl.Int32), "state",
+        (pl.col("return_std") ** 2 / pl.col("continuations")).alias("var"),
+    )  # fmt: skip
+    rows = steps.select("group_id", pl.col("step").cast(pl.Int32), "state", "next_state", "done")
+    here = rows.join(var, on=["group_id", "step", "state"], how="left")
+    nxt = var.rename({"state": "next_state", "var": "next_var"}).with_columns(pl.col("step") - 1)
+    both = here.join(nxt, on=["group_id", "step", "next_state"], how="left")
+    total = both["var"].fill_null(0.0) + gamma**2 * both["next_var"].fill_null(0.0) * (~both["done"]).cast(
+        float
+    )
+    return float(total.mean() or 0.0)
 
 
 def pooled(runs: list[Path], estimators: list[str]) -> pl.DataFrame:
@@ -89,6 +119,7 @@ def pooled(runs: list[Path], estimators: list[str]) -> pl.DataFrame:
     w = pl.col("rows")
     return frame.group_by("estimator", maintain_order=True).agg(
         ((pl.col("sign") * pl.col("nonzero")).sum() / pl.col("nonzero").sum()).alias("sign agreement"),
+        ((pl.col("credited") * pl.col("nonzero")).sum() / pl.col("nonzero").sum()).alias("credited"),
         ((pl.col("corr") * w).sum() / w.sum()).alias("correlation"),
         ((pl.col("mse") * w).sum() / w.sum()).alias("MSE (unit-scaled)"),
         pl.col("rows").sum().cast(pl.Int64).alias("rows"),
@@ -96,11 +127,16 @@ def pooled(runs: list[Path], estimators: list[str]) -> pl.DataFrame:
 
 
 def markdown(frame: pl.DataFrame) -> str:
+    def cell(x: float) -> str:
+        return "—" if x is None or np.isnan(x) else f"{x:.3f}"
+
     head = (
-        "| estimator | sign agreement | correlation | MSE (unit-scaled) | rows |\n|---|---:|---:|---:|---:|"
+        "| estimator | sign agreement | rows it credits (≠ 0) | correlation | MSE (unit-scaled) | rows |\n"
+        "|---|---:|---:|---:|---:|---:|"
     )
     lines = [
-        f"| {r['estimator']} | {r['sign agreement']:.3f} | {r['correlation']:.3f} | {r['MSE (unit-scaled)']:.3f} | {r['rows']} |"
+        f"| {r['estimator']} | {cell(r['sign agreement'])} | {cell(r['credited'])} | {cell(r['correlation'])} | "
+        f"{cell(r['MSE (unit-scaled)'])} | {r['rows']} |"
         for r in frame.iter_rows(named=True)
     ]
     return "\n".join([head, *lines])
