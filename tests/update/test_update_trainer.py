@@ -198,6 +198,7 @@ def test_choose_ratio_equals_probability_ratio_over_choices():
     """w = pi_theta(a|s) / pi_old(a|s) with pi = softmax(mean token log-prob / T) (naive reference)."""
     from stages.update.batching import MicroBatch
     from stages.update.distributed import DistContext
+    from stages.update.loss import objective
     from stages.update.trainer import _terms, score_all_rows, score_microbatch
 
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
@@ -210,7 +211,14 @@ def test_choose_ratio_equals_probability_ratio_over_choices():
     with torch.no_grad():
         s = score_microbatch(new_model, rows, MicroBatch(np.arange(2), True), t)
         terms = _terms(
-            s, rows, MicroBatch(np.arange(2), True), old, None, UpdateConfig(beta=0.0), torch.device("cpu")
+            objective("grpo_c"),
+            s,
+            rows,
+            MicroBatch(np.arange(2), True),
+            old,
+            None,
+            UpdateConfig(beta=0.0),
+            torch.device("cpu"),
         )
 
     def naive_pi(model, p, cs, chosen):
