@@ -3,6 +3,8 @@ run's lock, and which config changes do not count when a run resumes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from schemas.atomic import atomic_write_text
@@ -10,7 +12,7 @@ from schemas.config import Config, load_config
 from schemas.errors import GraftError
 from schemas.initial_model import verify_recorded_models
 from schemas.lock import run_lock
-from schemas.rundir import Run, create_run, open_run
+from schemas.rundir import Run, create_run, discard_refused_start, open_run, start_snapshot
 from stages.loop.preflight import check_startable
 from stages.loop.runner import check_resumable
 from stages.observe.live_log import check_log_dir, require_backend
@@ -74,3 +76,19 @@ def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) ->
             config.checkpoint, config.log, config.cluster = bookkeeping
             atomic_write_text(run.config_path, config.to_toml())
     return run, config, target
+
+
+@contextmanager
+def loop_session(
+    root: Path, config: Config, iters: int | None, force: bool
+) -> Iterator[tuple[Run, Config, int]]:
+    """``graft loop``'s hold on its run: the run's lock, taken before config.toml is compared or written
+    and held while the body runs the loop; yields ``open_loop_run``'s (run, config, iteration target).
+    A start refused with a GraftError leaves a new run's folder as it found it (nothing behind)."""
+    snapshot = start_snapshot(root)
+    try:
+        with run_lock(root):
+            yield open_loop_run(root, config, iters, force)
+    except GraftError:
+        discard_refused_start(snapshot)
+        raise
