@@ -115,6 +115,14 @@ def record_initial_models(run: Run, config: Config) -> None:
         atomic_write_text(run.root / MANIFEST_FILE, json.dumps(data, indent=2, sort_keys=True))
 
 
+def verified_initial_policy(run: Run, config: Config) -> Path:
+    """The run's initial policy -- the warm start's checkpoint, ``model.path`` or the run's own tiny
+    model (``Run.initial_policy_dir``) -- verified against the run's manifest (``verify_initial_model``):
+    the policy of iteration 0, the frozen reference of every update's KL term and the model an
+    evaluation of iteration -1 scores."""
+    return verify_initial_model(run, run.initial_policy_dir(config))
+
+
 def acting_policy(run: Run, iteration: int, config: Config, stage: str) -> tuple[Path, str]:
     """The one answer to "which policy acts in (and is trained by) ``iteration``": (its directory, its
     ``policy_version``) -- the checkpoint of iteration - 1 (verified against its finished iteration;
@@ -134,4 +142,4 @@ def acting_policy(run: Run, iteration: int, config: Config, stage: str) -> tuple
             f"{stage} of iteration {iteration}: the run has no initial policy yet ({initial}); "
             f"`{made_by}` makes it (graft loop makes it before its first iteration)"
         )
-    return verify_initial_model(run, initial), INITIAL_VERSION
+    return verified_initial_policy(run, config), INITIAL_VERSION

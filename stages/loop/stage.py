@@ -159,7 +159,9 @@ def check_inputs_made(run: Run, stage: str, iteration: int) -> None:
     for table in STAGE_INPUTS[stage]:
         maker = _MADE_BY.get(table)
         if maker is not None and maker != stage and not run.stage_complete(maker, iteration):
+            outputs = run.output_paths(maker, iteration)
+            missing = next((p for p in outputs if not p.exists()), outputs[0])
             raise GraftError(
-                f"{stage}: iteration {iteration} of {run.root} has no {maker} yet; run graft {maker} "
-                f"{run.root} --iter {iteration} first"
+                f"{stage}: iteration {iteration} of {run.root} has no {maker} yet (no {missing}); run "
+                f"graft {maker} {run.root} --iter {iteration} first"
             )

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from schemas.errors import GraftError
-from stages.envs import make_search_data
+from tools import make_search_data
 from stages.envs.base import Episode
 from stages.envs.parser import parse_response
 from stages.envs.prompts import build_prompt
