@@ -129,9 +129,9 @@ def acting_policy(run: Run, iteration: int, config: Config, stage: str) -> tuple
     a missing one is an error), or in iteration 0 the run's initial policy (verified against the run's
     manifest), version ``INITIAL_VERSION``.
 
-    It builds nothing: the initial policy (the tiny model, the warm start) is made by the commands
-    that prepare a run (``graft loop``, ``graft sft``, ``graft rollout``/``update``/``eval`` on a fresh
-    run) before any stage runs; a stage that finds none says which command makes it."""
+    It builds nothing: the initial policy (the tiny model, the warm start) is made before a stage that
+    uses it runs (``stages.loop.stage.run_stage``, for the loop and the stage commands alike; ``graft
+    sft``); a stage runner called on its own that finds none says which command makes it."""
     checkpoint = acting_checkpoint(run, iteration, stage)
     if checkpoint is not None:
         return checkpoint, checkpoint.name
