@@ -21,7 +21,7 @@ from pathlib import Path
 
 import typer
 
-from graft_cli.commands.confirm import YES_OPTION
+from graft_cli.commands.confirm import YES_OPTION, print_removed, stage_command
 from schemas.errors import GraftError
 
 # options shared by the three commands (typer reads them when a command is registered)
@@ -57,22 +57,6 @@ def _summary(folder: Path, stage: str, names: tuple[str, ...]) -> str:
     values = dict(zip(rows["name"].to_list(), rows["value"].to_list(), strict=True))
     shown = [f"{n}={values[n]:.4g}" for n in names if n in values]
     return f"{stage}: " + ", ".join(shown) + (f" ({values['seconds']:.2f} s)" if "seconds" in values else "")
-
-
-def _command(overrides: list[str], force: bool, yes: bool):  # -> stages.loop.StageCommand
-    """What the command adds to the stage: --force, its confirmation (a prompt, or --yes), --set."""
-    from graft_cli.commands.confirm import removal_confirmer
-    from stages.loop import StageCommand
-
-    return StageCommand(force=force, confirm=removal_confirmer(yes), overrides=tuple(overrides))
-
-
-def _print_removed(run, iteration: int, removed: list[Path]) -> None:  # run: schemas.rundir.Run
-    from schemas.recompute import removed_summary
-
-    summary = removed_summary(run, iteration, removed)
-    if summary:
-        typer.echo(summary)
 
 
 def _run_context(
@@ -133,8 +117,8 @@ def graph(
         from stages.loop import run_stage
 
         run, config, it = _run_context(target, iteration, config_path, overrides, "graph")
-        done = run_stage(run, "graph", it, config, command=_command(overrides, force, yes))
-        _print_removed(run, it, done.removed)
+        done = run_stage(run, "graph", it, config, command=stage_command(force, yes, overrides))
+        print_removed(run, it, done.removed)
         folder = run.iter_dir(it)
     else:
         steps = _steps_file(target, "graph")
@@ -159,8 +143,8 @@ def solve(
         from stages.loop import run_stage
 
         run, config, it = _run_context(target, iteration, config_path, overrides, "solve")
-        done = run_stage(run, "solve", it, config, command=_command(overrides, force, yes))
-        _print_removed(run, it, done.removed)
+        done = run_stage(run, "solve", it, config, command=stage_command(force, yes, overrides))
+        print_removed(run, it, done.removed)
         folder = run.iter_dir(it)
     else:
         if not target.is_dir():
@@ -200,8 +184,8 @@ def advantage(
         from stages.loop.commands import advantage_on_run
 
         run, config, it = _run_context(target, iteration, config_path, overrides, "advantage")
-        removed = advantage_on_run(run, it, config, _command(overrides, force, yes))
-        _print_removed(run, it, removed)
+        removed = advantage_on_run(run, it, config, stage_command(force, yes, overrides))
+        print_removed(run, it, removed)
         folder = run.iter_dir(it)
     else:
         steps = _steps_file(target, "advantage")

@@ -159,14 +159,13 @@ def rollout(
         return
     from functools import partial
 
-    from graft_cli.commands.confirm import removal_confirmer
-    from schemas.recompute import removed_summary
-    from stages.loop import StageCommand, run_stage
+    from graft_cli.commands.confirm import print_removed, stage_command
+    from stages.loop import run_stage
     from stages.rollout import run_rollout
 
-    command = StageCommand(force=force, confirm=removal_confirmer(yes), overrides=tuple(overrides))
     runner = partial(run_rollout, progress=progress)
-    done = run_stage(run, "rollout", iteration, config, runner=runner, command=command)
-    if done.removed:
-        typer.echo(removed_summary(run, iteration, done.removed))
+    command = stage_command(force, yes, overrides)
+    print_removed(
+        run, iteration, run_stage(run, "rollout", iteration, config, runner=runner, command=command).removed
+    )
     typer.echo(f"wrote {run.table_path(iteration, 'steps')}")

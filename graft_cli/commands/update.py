@@ -28,11 +28,10 @@ def update(
     """Train the policy on an iteration's steps and advantages; write the checkpoint and update table."""
     import polars as pl
 
-    from graft_cli.commands.confirm import removal_confirmer
+    from graft_cli.commands.confirm import print_removed, stage_command
     from schemas.errors import GraftError
-    from schemas.recompute import removed_summary
     from schemas.rundir import open_run
-    from stages.loop import StageCommand, run_stage
+    from stages.loop import run_stage
     from stages.loop.stage import distributed_rank
     from stages.update import run_update
 
@@ -40,13 +39,12 @@ def update(
         raise GraftError(f"--iter {iteration}: iterations are >= 0")
     run = open_run(run_dir)
     config = run.load_config(overrides)
-    command = StageCommand(force=force, confirm=removal_confirmer(yes), overrides=tuple(overrides))
+    command = stage_command(force, yes, overrides)
     # under torchrun every rank trains; rank 0 alone guards, prepares, records and prints
     done = run_stage(run, "update", iteration, config, runner=run_update, command=command)
     if distributed_rank() != 0:
         return
-    if done.removed:
-        typer.echo(removed_summary(run, iteration, done.removed))
+    print_removed(run, iteration, done.removed)
     summary = run.read(iteration, "update").filter(pl.col("epoch") == -1)
     values = dict(zip(summary["name"].to_list(), summary["value"].to_list(), strict=True))
     shown = ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "rows", "steps", "seconds")
