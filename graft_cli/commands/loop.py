@@ -158,7 +158,7 @@ def loop(
     """Run rollout → graph → solve → advantage → update per iteration; resumes where it stopped."""
     from rich.console import Console
 
-    from stages.loop import loop_root, loop_session, run_loop
+    from stages.loop import locked_start, loop_root, open_loop_run, run_loop
 
     console = Console(stderr=False)
     if iters is not None and iters < 0:  # before the run's lock file is created
@@ -169,7 +169,9 @@ def loop(
             raise GraftError(f"--executor {executor!r}: expected local or ray")
         overrides.append(f"cluster.executor={executor}")
     root, checked = loop_root(config, run_dir, overrides)  # checks the config before any write
-    with loop_session(root, checked, iters, force) as (run, cfg, target):
+    # a refused start of a new run leaves nothing behind
+    with locked_start(root):
+        run, cfg, target = open_loop_run(root, checked, iters, force)
         # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
         console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
         _print_initial_policy_plan(console, run, cfg)

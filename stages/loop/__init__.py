@@ -18,7 +18,7 @@ from stages.loop.runner import (
     run_loop,
 )
 from stages.loop.stage import StageCommand, run_stage, uses_initial_policy
-from stages.loop.start import loop_root, loop_session, open_loop_run, resolve_loop_run
+from stages.loop.start import locked_start, loop_root, open_loop_run, resolve_loop_run
 
 __all__ = [
     "STAGE_RUNNERS",
@@ -29,8 +29,8 @@ __all__ = [
     "check_startable",
     "eval_due",
     "iteration_summary",
+    "locked_start",
     "loop_root",
-    "loop_session",
     "open_loop_run",
     "remove_stale_temporaries",
     "resolve_loop_run",

@@ -79,16 +79,14 @@ def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) ->
 
 
 @contextmanager
-def loop_session(
-    root: Path, config: Config, iters: int | None, force: bool
-) -> Iterator[tuple[Run, Config, int]]:
-    """``graft loop``'s hold on its run: the run's lock, taken before config.toml is compared or written
-    and held while the body runs the loop; yields ``open_loop_run``'s (run, config, iteration target).
-    A start refused with a GraftError leaves a new run's folder as it found it (nothing behind)."""
+def locked_start(root: Path) -> Iterator[None]:
+    """Hold the run's lock for a ``graft loop`` start (taken before config.toml is compared or written,
+    held while the block runs the loop); when the block raises a GraftError, remove what this start
+    added to a new run (``discard_refused_start``: a refused start leaves nothing behind)."""
     snapshot = start_snapshot(root)
     try:
         with run_lock(root):
-            yield open_loop_run(root, config, iters, force)
+            yield
     except GraftError:
         discard_refused_start(snapshot)
         raise
