@@ -65,8 +65,8 @@ import numpy as np
 from schemas.errors import GraftError
 from schemas.jsonfile import read_json
 from stages.policy.adapters import adapter_base, export_merged, is_adapter_dir
-from stages.policy.engine import STOP_STRINGS, EngineOptions, Generation, check_seeds
 from stages.policy.cpu_precision import cpu_precision
+from stages.policy.engine import STOP_STRINGS, EngineOptions, Generation, check_seeds
 from stages.policy.models import check_model_dir, load_tokenizer, resolve_dtype
 from stages.policy.quiet import quiet_vllm
 from stages.policy.torch_extensions import protect_child_processes
