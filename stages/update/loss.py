@@ -22,7 +22,7 @@ verl's clamps: ``d = clamp(ref - logp, -20, 20); k3 = clamp(exp(d) - d - 1, -10,
 
 Clip bounds (``update.clip_low`` / ``update.clip_high``, default 0.2 / 0.2 for both objectives) were
 chosen by measuring the clip fraction (share of rows whose gradient the clip cuts) of the sequence
-ratio on tiny-model updates (BENCHMARKS.md "Update throughput (CPU)", clip table): in ``choose`` mode
+ratio on tiny-model updates (docs/results/speed.md "Update throughput (CPU)", clip table): in ``choose`` mode
 w is a ratio of action probabilities and moves like a token ratio -- eps = 0.2 clips 11-14% of rows
 per iteration (the usual PPO range), eps <= 3e-3 clips 28-46% and stalled learning; with 64-token
 generated responses the geometric mean moves less -- eps = 0.2 clips 3-6% at lr 3e-3 and nothing at
