@@ -3,6 +3,8 @@ run's lock, and which config changes do not count when a run resumes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from schemas.atomic import atomic_write_text
@@ -10,7 +12,7 @@ from schemas.config import Config, load_config
 from schemas.errors import GraftError
 from schemas.initial_model import verify_recorded_models
 from schemas.lock import run_lock
-from schemas.rundir import Run, create_run, open_run
+from schemas.rundir import Run, create_run, discard_refused_start, open_run, start_snapshot
 from stages.loop.preflight import check_startable
 from stages.loop.runner import check_resumable
 from stages.observe.live_log import check_log_dir, require_backend
@@ -74,3 +76,17 @@ def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) ->
             config.checkpoint, config.log, config.cluster = bookkeeping
             atomic_write_text(run.config_path, config.to_toml())
     return run, config, target
+
+
+@contextmanager
+def locked_start(root: Path) -> Iterator[None]:
+    """Hold the run's lock for a ``graft loop`` start (taken before config.toml is compared or written,
+    held while the block runs the loop); when the block raises a GraftError, remove what this start
+    added to a new run (``discard_refused_start``: a refused start leaves nothing behind)."""
+    snapshot = start_snapshot(root)
+    try:
+        with run_lock(root):
+            yield
+    except GraftError:
+        discard_refused_start(snapshot)
+        raise

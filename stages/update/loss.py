@@ -6,7 +6,11 @@ GRPO-C (``objective = "grpo_c"``, the default), per step row i with response o_i
             = log pi_theta(a_i|s_i) - log pi_old(a_i|s_i)        (choose mode: ratio over the choices)
     l_i     = -min(w_i A_i, clip(w_i, 1 - clip_low, 1 + clip_high) A_i)            (Eq. 4)
     kl_i    = (1/|o_i|) sum_t k3(ref_it, logp_it)
-    loss    = (1/R) sum_i (l_i + beta kl_i)                             (R = rows in the minibatch)
+    loss    = (1/R) sum_i (l_i + beta kl_i - c H_i)                     (R = rows in the minibatch)
+
+H_i is the optional entropy bonus (``update.entropy_coef`` = c, experimental, 0 = the paper's
+objective): the entropy of the choice distribution for choose rows, the mean token entropy of the
+response for token rows; the token-level objective adds ``- c H_it`` per token.
 
 GRPO (``objective = "grpo"``, the token-level ablation), per response token (i, t)::
 
@@ -18,7 +22,7 @@ verl's clamps: ``d = clamp(ref - logp, -20, 20); k3 = clamp(exp(d) - d - 1, -10,
 
 Clip bounds (``update.clip_low`` / ``update.clip_high``, default 0.2 / 0.2 for both objectives) were
 chosen by measuring the clip fraction (share of rows whose gradient the clip cuts) of the sequence
-ratio on tiny-model updates (BENCHMARKS.md "Update throughput (CPU)", clip table): in ``choose`` mode
+ratio on tiny-model updates (docs/results/speed.md "Update throughput (CPU)", clip table): in ``choose`` mode
 w is a ratio of action probabilities and moves like a token ratio -- eps = 0.2 clips 11-14% of rows
 per iteration (the usual PPO range), eps <= 3e-3 clips 28-46% and stalled learning; with 64-token
 generated responses the geometric mean moves less -- eps = 0.2 clips 3-6% at lr 3e-3 and nothing at
@@ -28,16 +32,20 @@ learning rate or response lengths change.
 The functions return *sums* and unit counts instead of means, so that a minibatch split into
 micro-batches and across ranks divides by the global count once (the caller's job): the gradient is
 then independent of how the minibatch was split.
+
+Objectives live in one registry, ``OBJECTIVES`` (name -> ``Objective``: its terms function together
+with the unit its minibatch mean divides by, rows or response tokens), the way the credit stage's
+estimators do; ``update.objective`` names one. Add one with ``@register_objective(name, unit)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-Objective = Literal["grpo_c", "grpo"]
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 5e8: keeps exp finite; such a ratio is clipped anyway
 
 
@@ -79,6 +87,7 @@ class LossTerms:
     units: int
     ratio: torch.Tensor
     clipped: torch.Tensor
+    entropy_sum: torch.Tensor | None = None  # the bonus's entropy sum (None when the bonus is off)
 
 
 def grpo_c_terms(
@@ -89,9 +98,11 @@ def grpo_c_terms(
     clip_low: float,
     clip_high: float,
     beta: float,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> LossTerms:
     """GRPO-C sums over B rows. log_ratio (B,) = log w_i; adv (B,); kl_tok (B, R) k3 per response token
-    (None when beta = 0); mask (B, R) response tokens."""
+    (None when beta = 0); mask (B, R) response tokens; entropy (B,) H_i with grad (None: no bonus)."""
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     pg, clip_active = clipped_surrogate(ratio, adv.to(ratio.dtype), clip_low, clip_high)
     policy_sum = pg.sum()
@@ -100,8 +111,13 @@ def grpo_c_terms(
         kl_sum = ((kl_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)).sum()
     else:
         kl_sum = torch.zeros((), dtype=pg.dtype, device=pg.device)
+    loss_sum = policy_sum + beta * kl_sum
+    entropy_sum = None
+    if entropy is not None:
+        entropy_sum = entropy.sum()
+        loss_sum = loss_sum - entropy_coef * entropy_sum
     return LossTerms(
-        policy_sum + beta * kl_sum, policy_sum, kl_sum, int(ratio.shape[0]), ratio.detach(), clip_active
+        loss_sum, policy_sum, kl_sum, int(ratio.shape[0]), ratio.detach(), clip_active, entropy_sum
     )
 
 
@@ -114,8 +130,11 @@ def grpo_token_terms(
     clip_low: float,
     clip_high: float,
     beta: float,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> LossTerms:
-    """Token-level GRPO sums over the response tokens of B rows (shapes (B, R); adv (B,))."""
+    """Token-level GRPO sums over the response tokens of B rows (shapes (B, R); adv (B,); entropy
+    (B, R) per-token H_it with grad, None: no bonus)."""
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)
     pg, clip_active = clipped_surrogate(ratio, adv.to(ratio.dtype).unsqueeze(-1), clip_low, clip_high)
@@ -123,18 +142,123 @@ def grpo_token_terms(
     policy_sum = (pg * m).sum()
     kl_sum = (kl_tok * m).sum() if kl_tok is not None else torch.zeros((), dtype=pg.dtype, device=pg.device)
     keep = mask.bool()
+    loss_sum = policy_sum + beta * kl_sum
+    entropy_sum = None
+    if entropy is not None:
+        entropy_sum = (entropy * m).sum()
+        loss_sum = loss_sum - entropy_coef * entropy_sum
     return LossTerms(
-        policy_sum + beta * kl_sum,
+        loss_sum,
         policy_sum,
         kl_sum,
         int(keep.sum()),
         ratio.detach()[keep],
         clip_active[keep],
+        entropy_sum,
+    )
+
+
+@dataclass
+class ScoredRows:
+    """What an objective reads of B scored rows (tensors on one device).
+
+    logp / old_logp / mask: (B, R) response-token log-probs under the policy being trained and the
+    behaviour policy, and the response mask; adv (B,); kl_tok (B, R) k3 to the reference or None
+    (beta = 0); choice_log_ratio (B,) log pi(a|s) - log pi_old(a|s) over the choices for choose rows,
+    else None; entropy: the bonus's term with its graph or None -- (B,) per row (choose rows) or
+    (B, R) per token (token rows).
+    """
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    mask: torch.Tensor
+    adv: torch.Tensor
+    kl_tok: torch.Tensor | None = None
+    choice_log_ratio: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+
+
+Unit = Literal["rows", "tokens"]
+TermsFunction = Callable[[ScoredRows, float, float, float, float], LossTerms]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A registered objective: ``terms(rows, clip_low, clip_high, beta, entropy_coef)`` gives its sums,
+    and ``unit`` says what the minibatch mean divides them by (its rows, or its response tokens)."""
+
+    name: str
+    unit: Unit
+    terms: TermsFunction
+
+    def units(self, response_lengths) -> int:  # type: ignore[no-untyped-def]
+        """The minibatch's divisor from its rows' response lengths (a numpy array)."""
+        return len(response_lengths) if self.unit == "rows" else int(response_lengths.sum())
+
+
+OBJECTIVES: dict[str, Objective] = {}
+
+
+def register_objective(name: str, unit: Unit) -> Callable[[TermsFunction], TermsFunction]:
+    """Register ``fn`` as objective ``name`` averaged over ``unit``."""
+
+    def wrap(fn: TermsFunction) -> TermsFunction:
+        OBJECTIVES[name] = Objective(name, unit, fn)
+        return fn
+
+    return wrap
+
+
+def objective(name: str) -> Objective:
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; expected one of {sorted(OBJECTIVES)}") from None
+
+
+@register_objective("grpo_c", "rows")
+def grpo_c(
+    rows: ScoredRows, clip_low: float, clip_high: float, beta: float, entropy_coef: float
+) -> LossTerms:
+    """GRPO-C (Eq. 3-4): the sequence ratio (choose rows: the choice ratio), one term per row."""
+    if rows.choice_log_ratio is not None:
+        log_ratio = rows.choice_log_ratio
+    else:
+        log_ratio = sequence_log_ratio(rows.logp, rows.old_logp, rows.mask)
+    bonus = rows.entropy
+    if bonus is not None and bonus.dim() == 2:  # token rows: the response's mean token entropy
+        m = rows.mask.to(bonus.dtype)
+        bonus = (bonus * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    return grpo_c_terms(
+        log_ratio, rows.adv, rows.kl_tok, rows.mask, clip_low, clip_high, beta, bonus, entropy_coef
+    )
+
+
+@register_objective("grpo", "tokens")
+def grpo_token(
+    rows: ScoredRows, clip_low: float, clip_high: float, beta: float, entropy_coef: float
+) -> LossTerms:
+    """Token-level GRPO (the ablation): a ratio and a term per response token."""
+    bonus = rows.entropy
+    if bonus is not None and bonus.dim() == 1:  # a choose row's one entropy spread over its tokens
+        m = rows.mask.to(bonus.dtype)
+        bonus = bonus.unsqueeze(-1) * m / m.sum(-1, keepdim=True).clamp(min=1.0)
+    return grpo_token_terms(
+        rows.logp,
+        rows.old_logp,
+        rows.adv,
+        rows.kl_tok,
+        rows.mask,
+        clip_low,
+        clip_high,
+        beta,
+        bonus,
+        entropy_coef,
     )
 
 
 def policy_loss(
-    objective: Objective,
+    objective_name: str,
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     ref_logp: torch.Tensor | None,
@@ -149,12 +273,7 @@ def policy_loss(
     logp/old_logp/ref_logp/mask: (B, R) per response token; adv (B,). Returns (loss, terms).
     """
     kl_tok = k3_kl(logp, ref_logp) if ref_logp is not None and beta != 0.0 else None
-    if objective == "grpo_c":
-        terms = grpo_c_terms(
-            sequence_log_ratio(logp, old_logp, mask), adv, kl_tok, mask, clip_low, clip_high, beta
-        )
-    elif objective == "grpo":
-        terms = grpo_token_terms(logp, old_logp, adv, kl_tok, mask, clip_low, clip_high, beta)
-    else:
-        raise ValueError(f"unknown objective {objective!r}; expected 'grpo_c' or 'grpo'")
+    terms = objective(objective_name).terms(
+        ScoredRows(logp, old_logp, mask, adv, kl_tok), clip_low, clip_high, beta, 0.0
+    )
     return terms.loss_sum / max(terms.units, 1), terms
