@@ -192,8 +192,7 @@ def loop(
     """Run rollout → graph → solve → advantage → update per iteration; resumes where it stopped."""
     from rich.console import Console
 
-    from schemas.lock import run_lock
-    from stages.loop import loop_root, open_loop_run, run_loop
+    from stages.loop import locked_start, loop_root, open_loop_run, run_loop
 
     console = Console(stderr=False)
     if iters is not None and iters < 0:  # before the run's lock file is created
@@ -204,36 +203,30 @@ def loop(
             raise GraftError(f"--executor {executor!r}: expected local or ray")
         overrides.append(f"cluster.executor={executor}")
     root, checked = loop_root(config, run_dir, overrides)  # checks the config before any write
-    from schemas.rundir import discard_refused_start, start_snapshot
-
-    snapshot = start_snapshot(root)  # a new run: a refused start leaves nothing behind
-    try:
-        with run_lock(root):
-            run, cfg, target = open_loop_run(root, checked, iters, force)
-            # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
-            console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
-            _print_initial_policy_plan(console, run, cfg)
-            eta = RunEta(target)
-            results = run_loop(
-                run,
-                cfg,
-                target,
-                on_iteration=lambda r: _print_iteration(console, run, r, cfg, eta.after(r.iteration)),
-                on_initial_eval=lambda seconds: _print_initial_eval(console, run, seconds, cfg.rollout.mode),
+    # a refused start of a new run leaves nothing behind; one refused at the lock removes nothing
+    with locked_start(root):
+        run, cfg, target = open_loop_run(root, checked, iters, force)
+        # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
+        console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
+        _print_initial_policy_plan(console, run, cfg)
+        eta = RunEta(target)
+        results = run_loop(
+            run,
+            cfg,
+            target,
+            on_iteration=lambda r: _print_iteration(console, run, r, cfg, eta.after(r.iteration)),
+            on_initial_eval=lambda seconds: _print_initial_eval(console, run, seconds, cfg.rollout.mode),
+        )
+        if not results:
+            console.print(
+                f"nothing to do: iterations 0..{target - 1} are finished",
+                highlight=False,
+                soft_wrap=True,
             )
-            if not results:
-                console.print(
-                    f"nothing to do: iterations 0..{target - 1} are finished",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-                return
-            from stages.observe.report import success_summary, write_report
+            return
+        from stages.observe.report import success_summary, write_report
 
-            png, markdown, *_ = write_report([run.root])
-    except GraftError:
-        discard_refused_start(snapshot)
-        raise
+        png, markdown, *_ = write_report([run.root])
     console.print(success_summary(run), highlight=False, soft_wrap=True)
     console.print(
         f"curves: {png}  table: {markdown}  (graft report RUN [RUN ...] overlays runs)",

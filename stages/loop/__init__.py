@@ -15,7 +15,7 @@ from stages.loop.runner import (
     run_iteration,
     run_loop,
 )
-from stages.loop.start import loop_root, open_loop_run, resolve_loop_run
+from stages.loop.start import locked_start, loop_root, open_loop_run, resolve_loop_run
 
 __all__ = [
     "STAGE_RUNNERS",
@@ -25,6 +25,7 @@ __all__ = [
     "check_startable",
     "eval_due",
     "iteration_summary",
+    "locked_start",
     "loop_root",
     "open_loop_run",
     "remove_stale_temporaries",

@@ -3,14 +3,16 @@ run's lock, and which config changes do not count when a run resumes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from schemas.atomic import atomic_write_text
 from schemas.config import Config, load_config
 from schemas.errors import GraftError
 from schemas.initial_model import verify_recorded_models
-from schemas.lock import run_lock
-from schemas.rundir import Run, create_run, open_run
+from schemas.lock import LOCK_FILE, run_lock
+from schemas.rundir import Run, create_run, discard_refused_start, open_run, start_snapshot
 from stages.loop.preflight import check_startable
 from stages.loop.runner import check_resumable
 from stages.observe.live_log import check_log_dir, require_backend
@@ -74,3 +76,21 @@ def open_loop_run(root: Path, config: Config, iters: int | None, force: bool) ->
             config.checkpoint, config.log, config.cluster = bookkeeping
             atomic_write_text(run.config_path, config.to_toml())
     return run, config, target
+
+
+@contextmanager
+def locked_start(root: Path) -> Iterator[None]:
+    """Hold the run's lock for a ``graft loop`` start; when the block raises a GraftError before any
+    iteration wrote a table, remove what this start added to a new run (``discard_refused_start``).
+
+    The folder is looked at only once the lock is held: a start refused at the lock has seen nothing
+    and removes nothing (the process that holds the lock may just have created the folder and its
+    config.toml)."""
+    existed, had_lock = root.is_dir(), (root / LOCK_FILE).exists()
+    with run_lock(root):
+        snapshot = start_snapshot(root, existed, had_lock)
+        try:
+            yield
+        except GraftError:
+            discard_refused_start(snapshot)
+            raise
