@@ -233,13 +233,57 @@ def run_manifest(run: Run) -> dict[str, Any] | None:
     return data
 
 
+ROOT_RECORD_KEY = "root"  # an iteration manifest's list of the run manifest's records it was made with
+ROOT_RECORDS = ("models", "config")  # the run's initial models (schemas.initial_model), its sealed config
+
+
+def root_record_damage(run: Run) -> Damage | None:
+    """The run's manifest, or one of its records (``models``, ``config``), missing while a finished
+    iteration's manifest says it was made with it (its ``root`` list): the run's root record is lost
+    (deleted, or the key removed). Refused like any damage, never recreated from what is there now
+    (a swapped initial model would be recorded as the run's own)."""
+    needed: set[str] = set()
+    for i in run.iterations():
+        if not (run.iter_dir(i) / MANIFEST_FILE).is_file():
+            continue
+        manifest = load_manifest(run.iter_dir(i))
+        listed = manifest.get(ROOT_RECORD_KEY) if manifest is not None else None
+        if isinstance(listed, list):
+            needed |= {str(key) for key in listed}
+    if not needed:
+        return None
+    path = run.root / MANIFEST_FILE
+    data = run_manifest(run)
+    if data is None:
+        return Damage(path, "missing, but the run's finished iterations were recorded with it", None)
+    lost = sorted(key for key in needed if key not in data)
+    if lost:
+        return Damage(
+            path, f"has lost its record of {', '.join(repr(k) for k in lost)}, which the run's finished "
+            "iterations were recorded with", None,
+        )  # fmt: skip
+    return None
+
+
+def refuse_lost_root_record(run: Run, context: str = "") -> None:
+    """GraftError (one line) when ``root_record_damage`` finds the run's root record lost."""
+    damage = root_record_damage(run)
+    if damage is not None:
+        raise GraftError(
+            f"{damage.path}: {damage.what}; restore it (nothing in the run can be checked without it), "
+            f"or start a new run{context}"
+        )
+
+
 def ensure_run_manifest(run: Run) -> dict[str, Any]:
     """The run's manifest, created when missing: iterations from the one after the last finished
     iteration without a manifest (a run from before manifests) on record one; the tables at the top of
-    the run are recorded as they are."""
+    the run are recorded as they are. A manifest that finished iterations were recorded with is never
+    recreated (``refuse_lost_root_record``)."""
     data = run_manifest(run)
     if data is not None:
         return data
+    refuse_lost_root_record(run)
     unrecorded = [
         i
         for i in run.iterations()
@@ -424,6 +468,7 @@ def verify_finished(
     is about to replace}. Files unchanged since they last verified against the same checksum
     are not hashed again (schemas.verified)."""
     refuse_cache_inside(run.root)  # before the cache is read or written
+    refuse_lost_root_record(run, context)
     check, commit = known_intact("manifest")
     expectation = Expectation(run)
     skip = skip or {}
@@ -607,8 +652,10 @@ def write_manifest(run: Run, iteration: int, done: Path | None = None, fresh: It
                 raise GraftError(describe(run, iteration, damage))
     if done is not None:
         files[DONE_MARKER] = _entry(done)
-    start = ensure_run_manifest(run).get("iterations_from", 0)
+    root_manifest = ensure_run_manifest(run)
+    start = root_manifest.get("iterations_from", 0)
     data = {
+        ROOT_RECORD_KEY: [key for key in ROOT_RECORDS if key in root_manifest],
         "version": MANIFEST_VERSION,
         "iteration": iteration,  # a copy of the iteration under another number is refused
         "iterations_from": start,  # the run manifest's rule, kept should that manifest be lost

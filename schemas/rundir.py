@@ -183,16 +183,25 @@ class Run:
         return write_table(data, table, self.table_path(iteration, table))
 
     def saved_config(self) -> Config:
-        """The run's config.toml as saved, for comparison only (nothing acts on it here)."""
+        """The run's config.toml as saved, for comparison only (nothing acts on it here); one edited
+        since graft sealed it is refused (schemas.run_config)."""
         if not self.config_path.is_file():
             raise GraftError(f"{self.root}: not a graft run (no config.toml)")
+        from schemas.run_config import refuse_config_edit  # it imports this module
+
+        refuse_config_edit(self)
         return load_config(self.config_path)
 
-    def load_config(self, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    def load_config(self, overrides: list[str] | tuple[str, ...] = (), accept_edit: bool = False) -> Config:
         """The run's saved config with ``overrides``; settings in it that can run code must be
-        repeated by ``overrides`` (or the process must trust saved runs: ``graft --trust-run``)."""
+        repeated by ``overrides`` (or the process must trust saved runs: ``graft --trust-run``). A
+        config.toml edited since graft sealed it is refused unless ``accept_edit`` (``graft loop
+        --force``, which seals it)."""
         if not self.config_path.is_file():
             raise GraftError(f"{self.root}: not a graft run (no config.toml)")
+        from schemas.run_config import refuse_config_edit  # it imports this module
+
+        refuse_config_edit(self, accept=accept_edit)
         config = load_config(self.config_path, overrides)
         if not saved_runs_trusted():
             refuse_code_from_run(self.config_path, config, overrides)
@@ -271,7 +280,6 @@ def create_run(path: str | Path, config: Config, force: bool = False) -> Run:
     """
     run = Run(Path(path))
     run.root.mkdir(parents=True, exist_ok=True)
-    text = config.to_toml()
     if run.config_path.is_file():
         saved = load_config(run.config_path)
         if saved != config and not force:
@@ -282,7 +290,9 @@ def create_run(path: str | Path, config: Config, force: bool = False) -> Run:
             )
         if saved == config:
             return run
-    atomic_write_text(run.config_path, text)
+    from schemas.run_config import write_run_config  # it imports this module
+
+    write_run_config(run, config)  # written and sealed in the run's manifest
     return run
 
 

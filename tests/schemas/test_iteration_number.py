@@ -74,6 +74,12 @@ def test_a_lost_run_manifest_does_not_excuse_a_manifest_less_iteration(
 ) -> None:
     (run / MANIFEST_FILE).unlink()
     (run / "iter_0000" / MANIFEST_FILE).unlink()
+    # iteration 1's manifest as written before it listed the run's root record (which is refused first
+    # when lost): the rule it repeats still holds
+    path = run / "iter_0001" / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    del manifest["root"]
+    path.write_text(json.dumps(manifest))
     shutil.copy(run / "iter_0001" / "steps.parquet", run / "iter_0000" / "steps.parquet")
     _refused(
         run,
