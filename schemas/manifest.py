@@ -40,6 +40,7 @@ import polars as pl
 
 from schemas import read_table, write_table
 from schemas.atomic import atomic_write_text
+from schemas.confine import refuse_links_inside
 from schemas.errors import GraftError
 from schemas.integrity import (
     CHECKPOINT_MARKER,
@@ -691,6 +692,7 @@ def finish_iteration(run: Run, iteration: int, loop_rows: pl.DataFrame, fresh: I
     write_table(loop_rows, "metrics", pending)
     try:
         write_manifest(run, iteration, done=pending, fresh=fresh)
+        refuse_links_inside(pending)  # the folder is still no link (schemas.confine)
         os.replace(pending, folder / DONE_MARKER)
     except BaseException:
         pending.unlink(missing_ok=True)
@@ -719,6 +721,7 @@ def publish_recorded(run: Run, final: Path, pending: Path) -> Path:
     """Move ``pending`` (a complete file) to ``final``, recording it first (``record_file``): a kill
     in between leaves a recorded file that is missing, never an unrecorded one."""
     record_file(run, final, pending)
+    refuse_links_inside(pending)  # the folder is still no link (schemas.confine)
     os.replace(pending, final)
     return final
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from schemas.atomic import remove_outputs
+from schemas.confine import refuse_link_entries
 from schemas.errors import GraftError
 from schemas.initial_model import verify_recorded_models
 from schemas.integrity import TRAINER_STATE_DIR, checkpoint_complete
@@ -101,6 +102,8 @@ def guard_recompute(
         raise GraftError(f"{run.root}: {what}; use --force to recompute it{tail}")
     if not force:
         return []
+    # nothing is removed or replaced through a link inside the run (schemas.confine), checked first
+    refuse_link_entries([*dependents, *run.output_paths(stage, iteration)] if iteration >= 0 else dependents)
     if finished or dependents:
         check_recompute_inputs(run, stage, iteration)
     questions = []
