@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,7 +236,9 @@ def run_manifest(run: Run) -> dict[str, Any] | None:
 
 
 ROOT_RECORD_KEY = "root"  # an iteration manifest's list of the run manifest's records it was made with
-ROOT_RECORDS = ("models", "config")  # the run's initial models (schemas.initial_model), its sealed config
+# the run's initial models (schemas.initial_model), its sealed config (schemas.run_config), its identity
+ROOT_RECORDS = ("models", "config", "run_id")
+RUN_ID_KEY = "run_id"  # a random identity of the run, repeated by each iteration's manifest
 
 
 def root_record_damage(run: Run) -> Damage | None:
@@ -296,6 +299,7 @@ def ensure_run_manifest(run: Run) -> dict[str, Any]:
     )
     data = {
         "version": MANIFEST_VERSION,
+        RUN_ID_KEY: uuid.uuid4().hex,
         "iterations_from": min([max(unrecorded) + 1 if unrecorded else 0, *repeated]),
         "files": {p.name: _entry(p) for p in _root_tables(run)},  # as they are: from before manifests
     }
@@ -382,6 +386,25 @@ def number_damage(path: Path, recorded: Any, iteration: int, what: str) -> Damag
     )
 
 
+def run_identity(run: Run) -> str | None:
+    data = run_manifest(run)
+    value = data.get(RUN_ID_KEY) if data is not None else None
+    return value if isinstance(value, str) else None
+
+
+def other_run_damage(run: Run, path: Path, manifest: dict[str, Any]) -> Damage | None:
+    """An iteration's manifest that records another run's identity than the run's manifest (a
+    finished iteration copied from another run, consistent in itself); None when either records none
+    (manifests from before the identity)."""
+    theirs, ours = manifest.get(RUN_ID_KEY), run_identity(run)
+    if theirs is None or ours is None or theirs == ours:
+        return None
+    return Damage(
+        path, f"records another run ({RUN_ID_KEY} {str(theirs)[:12]}, this run's is {ours[:12]}): the "
+        "iteration was copied from another run", "rollout",
+    )  # fmt: skip
+
+
 def load_manifest(folder: Path) -> dict[str, Any] | None:
     """An iteration's manifest, or None when it cannot be read."""
     data = _read_json(folder / MANIFEST_FILE)
@@ -410,6 +433,7 @@ def iteration_damage(
         if leftover is None or leftover.get("version", 1) < MANIFEST_VERSION:
             return None
         wrong = number_damage(target, leftover.get("iteration"), iteration, "another iteration's manifest")
+        wrong = wrong or other_run_damage(run, target, leftover)
         if wrong is not None:
             return wrong
         for name, entry in sorted(leftover["files"].items()):
@@ -427,6 +451,7 @@ def iteration_damage(
     if manifest is None:
         return Damage(target, "unreadable manifest", "rollout")
     wrong = number_damage(target, manifest.get("iteration"), iteration, "another iteration's manifest")
+    wrong = wrong or other_run_damage(run, target, manifest)
     if wrong is not None:
         return wrong
     version = manifest.get("version", 1)
@@ -654,8 +679,12 @@ def write_manifest(run: Run, iteration: int, done: Path | None = None, fresh: It
     if done is not None:
         files[DONE_MARKER] = _entry(done)
     root_manifest = ensure_run_manifest(run)
+    if RUN_ID_KEY not in root_manifest:  # a run from before the identity gets one now
+        root_manifest[RUN_ID_KEY] = uuid.uuid4().hex
+        atomic_write_text(run.root / MANIFEST_FILE, json.dumps(root_manifest, indent=2, sort_keys=True))
     start = root_manifest.get("iterations_from", 0)
     data = {
+        RUN_ID_KEY: root_manifest[RUN_ID_KEY],
         ROOT_RECORD_KEY: [key for key in ROOT_RECORDS if key in root_manifest],
         "version": MANIFEST_VERSION,
         "iteration": iteration,  # a copy of the iteration under another number is refused
