@@ -333,13 +333,14 @@ def classify(
     if case.command in READERS:
         if snapshot(places.run) != before_run:
             return Outcome(case, "lost", "a reader changed the run")
-    else:  # what the writer left in the run, but for the damaged path it may not have read
-        mine, theirs = results(places.run), reference.results
-        wrong = sorted(
-            k
-            for k in set(mine) | set(theirs)
-            if mine.get(k) != theirs.get(k) and k != case.target and not k.startswith(case.target + "/")
-        )
+    else:  # what the writer left in the run; under the damaged path only what the writer wrote
+        mine, theirs, after = results(places.run), reference.results, snapshot(places.run)
+
+        def judged(key: str) -> bool:
+            damaged = key == case.target or key.startswith(case.target + "/")
+            return not damaged or after.get(key) != before_run.get(key)
+
+        wrong = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k) and judged(k))
         if wrong:
             return Outcome(case, "silent wrong", f"results differ: {wrong[:4]}")
     if _output_digest(places) != reference.output:
