@@ -215,7 +215,7 @@ def snapshot(root: Path) -> dict[str, str]:
         if path.is_symlink():
             out[rel] = "link:" + str(path.readlink())
         elif path.is_file():
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+            out[rel] = _bytes_digest(path)
     return out
 
 
@@ -234,15 +234,22 @@ def results(root: Path) -> dict[str, str]:
         try:
             frame = pl.read_parquet(path)
         except Exception:  # noqa: BLE001 - a damaged table: compared by its bytes
-            out[str(rel)] = "unreadable:" + hashlib.sha256(path.read_bytes()).hexdigest()
+            out[str(rel)] = "unreadable:" + _bytes_digest(path)
             continue
         if "name" in frame.columns:
             frame = frame.filter(~pl.col("name").str.contains(WALL_CLOCK))
         frame = frame.drop([c for c in frame.columns if "seconds" in c])
         out[str(rel)] = hashlib.sha256(json.dumps(frame.to_dicts(), default=str).encode()).hexdigest()
     for path in sorted(root.glob("checkpoints/*/*.safetensors")) + sorted(root.glob("model/*.safetensors")):
-        out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+        out[str(path.relative_to(root))] = _bytes_digest(path)
     return out
+
+
+def _bytes_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:  # a dangling link, a folder under a file's name
+        return f"unreadable ({type(exc).__name__})"
 
 
 def _output_digest(places: Places) -> dict[str, str]:
