@@ -237,8 +237,47 @@ def run_manifest(run: Run) -> dict[str, Any] | None:
 
 ROOT_RECORD_KEY = "root"  # an iteration manifest's list of the run manifest's records it was made with
 # the run's initial models (schemas.initial_model), its sealed config (schemas.run_config), its identity
-ROOT_RECORDS = ("models", "config", "run_id")
+ROOT_RECORDS = ("models", "config", "run_id", "finished")
 RUN_ID_KEY = "run_id"  # a random identity of the run, repeated by each iteration's manifest
+# the iterations the loop finished (added after the done-marker is in place, dropped by --force before
+# it removes one): a finished iteration deleted or replaced by a link is refused, not read as never run
+FINISHED_KEY = "finished"
+
+
+def recorded_finished(run: Run) -> list[int]:
+    data = run_manifest(run)
+    listed = data.get(FINISHED_KEY) if data is not None else None
+    return sorted(i for i in listed if isinstance(i, int)) if isinstance(listed, list) else []
+
+
+def _write_finished(run: Run, iterations: set[int]) -> None:
+    data = ensure_run_manifest(run)
+    if data.get(FINISHED_KEY) != sorted(iterations):
+        data[FINISHED_KEY] = sorted(iterations)
+        atomic_write_text(run.root / MANIFEST_FILE, json.dumps(data, indent=2, sort_keys=True))
+
+
+def forget_finished(run: Run, from_iteration: int) -> None:
+    """Before ``--force`` removes the done-marker of ``from_iteration`` or later ones: they leave the
+    run's record of finished iterations first (a kill in between leaves finished iterations that are
+    not recorded, which is fine; never recorded ones that are gone)."""
+    if run_manifest(run) is not None and FINISHED_KEY in (run_manifest(run) or {}):
+        _write_finished(run, {i for i in recorded_finished(run) if i < from_iteration})
+
+
+def missing_finished_damage(run: Run) -> Damage | None:
+    """A finished iteration the run's manifest records whose folder is gone, is a link, or lost its
+    done-marker."""
+    for i in recorded_finished(run):
+        folder = run.iter_dir(i)
+        if folder.is_symlink() or not (folder / DONE_MARKER).is_file():
+            what = "a symlink" if folder.is_symlink() else "missing"
+            return Damage(
+                folder / DONE_MARKER,
+                f"{what}, but the run's manifest records iteration {i} as finished",
+                "rollout",
+            )
+    return None
 
 
 def root_record_damage(run: Run) -> Damage | None:
@@ -495,6 +534,9 @@ def verify_finished(
     are not hashed again (schemas.verified)."""
     refuse_cache_inside(run.root)  # before the cache is read or written
     refuse_lost_root_record(run, context)
+    gone = missing_finished_damage(run)
+    if gone is not None:
+        raise GraftError(describe(run, int(gone.path.parent.name[5:]), gone) + context)
     check, commit = known_intact("manifest")
     expectation = Expectation(run)
     skip = skip or {}
@@ -723,6 +765,7 @@ def finish_iteration(run: Run, iteration: int, loop_rows: pl.DataFrame, fresh: I
         write_manifest(run, iteration, done=pending, fresh=fresh)
         refuse_links_inside(pending)  # the folder is still no link (schemas.confine)
         os.replace(pending, folder / DONE_MARKER)
+        _write_finished(run, {*recorded_finished(run), iteration})
     except BaseException:
         pending.unlink(missing_ok=True)
         raise
