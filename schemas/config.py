@@ -337,8 +337,9 @@ class UpdateConfig:
     max_tokens_per_batch: int = setting(16384, DEFAULT, rule=_at_least(1))
     bf16: bool = setting(True, DEFAULT)  # autocast on GPU only
     # bf16 autocast on CPU too (AMX / AVX-512 BF16 matmuls, measured in docs/results/update-speed.md);
-    # off by default: CPU runs stay float32 (deterministic, the tiny model's numbers unchanged)
-    bf16_on_cpu: bool = setting(False, DEFAULT, others=EXPERIMENTAL)
+    # off by default: CPU runs stay float32 (deterministic, the tiny model's numbers unchanged);
+    # "native" = on where the CPU multiplies bf16 natively (amx_bf16 / avx512_bf16), detected at start
+    bf16_on_cpu: bool | Literal["native"] = setting(False, DEFAULT, others=EXPERIMENTAL)
     # old (behaviour) log-probs of token rows: "auto" = stored ones when the rollout engine is the
     # training engine and the rows come from the policy being trained, else recomputed before step 1
     # "forward": as auto, except that rows of the first optimizer step that would be recomputed take
@@ -356,6 +357,15 @@ class UpdateConfig:
     # rows (a seeded sample) on which the exact KL(new ‖ old) of each update is measured (metrics
     # policy_kl*, stages.update.policy_kl); their old distributions are kept on the CPU; 0 = off
     kl_probe_rows: int = setting(128, DEFAULT, rule=_at_least(0))
+    # experimental (not in the paper): an entropy bonus, loss -= entropy_coef * H per row (choose rows:
+    # the entropy of the choice distribution; token rows: the mean token entropy of the response);
+    # 0 = off (the paper's objective). RAGEN-style values are ~1e-3
+    entropy_coef: float = setting(0.0, PAPER, others=EXPERIMENTAL, rule=_within(0, 1))
+    # experimental: drop the rows of every group whose advantages are all zero AFTER the credit stage
+    # (DAPO's dynamic sampling, without resampling): they carry only the KL term and dilute the
+    # per-row mean of the others. For graft "all zero" is not "all outcomes equal". When every group
+    # is flat nothing is dropped (the step is then the KL term alone)
+    skip_flat_groups: bool = setting(False, PAPER, others=EXPERIMENTAL)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -367,6 +377,11 @@ class EvalConfig:
     group_size: int = setting(1, DEFAULT, rule=_at_least(1))
     # also evaluate the initial policy once (<run>/eval.parquet, iter -1)
     initial: bool = setting(True, DEFAULT)
+    # the random draws of each evaluation: "iteration" = a sampling stream per evaluated iteration;
+    # "common" = the same streams for every evaluation of the run (common random numbers: two
+    # checkpoints of a run, or the runs of the same seed, are scored on the same draws, so their
+    # difference carries no sampling noise of its own, and the same weights score the same)
+    draws: Literal["iteration", "common"] = setting("iteration", DEFAULT)
 
 
 @dataclass
@@ -423,7 +438,7 @@ class SftConfig:
     # checkpoint, so the run's initial policy is a plain model either way (docs/warmstart.md)
     lora: LoraConfig = field(default_factory=LoraConfig)
     gradient_checkpointing: bool = setting(False, DEFAULT)
-    bf16_on_cpu: bool = setting(False, DEFAULT, others=EXPERIMENTAL)  # as update.bf16_on_cpu
+    bf16_on_cpu: bool | Literal["native"] = setting(False, DEFAULT, others=EXPERIMENTAL)  # as update.bf16_on_cpu
     # off a terminal, a progress line every this many seconds (0 = none); on a terminal the bar
     log_every_s: float = setting(30.0, DEFAULT, rule=_at_least(0))
 
@@ -742,7 +757,9 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, Rule]]] = {
     "vllm": {
         "reload": (str, _one_of("in_place", "fresh")),  # new weights into the running engine, or a new one
         "lora": (str, _one_of("adapter", "merged")),  # LoRA checkpoints as requests, or merged weights
-        "dtype": (str, _one_of("float32", "bfloat16", "float16")),  # default: the policy's (model.dtype)
+        # default: the policy's (model.dtype); "native": bfloat16 on a CPU that multiplies bf16 natively,
+        # else float32 (on a GPU: the policy's)
+        "dtype": (str, _one_of("float32", "bfloat16", "float16", "native")),
         "enforce_eager": (bool, (lambda v: True, "")),  # default: true on CPU, vLLM's own on GPU
         "kv_cache_gib": (float, _above(0)),  # KV cache size; default 1 on CPU, vLLM's own on GPU
         "gpu_memory_utilization": (float, _within(0, 1, low_open=True)),

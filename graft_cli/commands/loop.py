@@ -209,6 +209,10 @@ def loop(
         # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two
         console.print(f"run {run.root}  iterations 0..{target - 1}", highlight=False, soft_wrap=True)
         _print_initial_policy_plan(console, run, cfg)
+        from stages.policy.cpu_precision import native_precision_line
+
+        if line := native_precision_line(cfg):
+            console.print(line, highlight=False, soft_wrap=True)
         eta = RunEta(target)
         results = run_loop(
             run,

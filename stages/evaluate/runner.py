@@ -60,14 +60,15 @@ def evaluate_model(
     if not tasks:
         raise GraftError(f"environment '{config.env.name}' returned no eval tasks")
     engine = live_engine(config, model_dir, checkpoint_name)
+    common = config.eval.draws == "common"  # every evaluation plays the initial policy's draws
     steps = collect_episodes(
         engine,
         env,
         tasks,
         config.eval.group_size,
         PlaySettings.from_config(config, temperature=config.eval.temperature),
-        seed=eval_seed(config.run.seed, iteration),
-        iteration=max(iteration, 0),
+        seed=eval_seed(config.run.seed, -1 if common else iteration),
+        iteration=0 if common else max(iteration, 0),
         policy_version=checkpoint_name,
         progress=progress,
     )

@@ -65,6 +65,7 @@ import numpy as np
 from schemas.errors import GraftError
 from schemas.jsonfile import read_json
 from stages.policy.adapters import adapter_base, export_merged, is_adapter_dir
+from stages.policy.cpu_precision import cpu_precision
 from stages.policy.engine import STOP_STRINGS, EngineOptions, Generation, check_seeds
 from stages.policy.models import check_model_dir, load_tokenizer, resolve_dtype
 from stages.policy.quiet import quiet_vllm
@@ -184,7 +185,9 @@ class VLLMEngine:
     def dtype(self) -> str:
         """The dtype vLLM computes in: ``engine_options.dtype``, else the policy's (module docstring)."""
         override = self.options.extra.get("dtype")
-        if override is not None:
+        if override == "native" and self.on_cpu:
+            return cpu_precision().dtype
+        if override is not None and override != "native":
             return str(override)
         import torch
 

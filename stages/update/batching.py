@@ -105,6 +105,19 @@ class UpdateRows:
         return f"row {i} (group_id={g!r}, traj_id={t!r}, step={s})"
 
 
+def drop_flat_groups(joined: pl.DataFrame) -> pl.DataFrame:
+    """The rows of the groups with at least one non-zero advantage (``update.skip_flat_groups``).
+
+    A group whose every row has A = 0 adds nothing to the policy-gradient term, only to the row count
+    that divides it (and to the KL term): dropping it is DAPO's dynamic sampling without the resampling.
+    The test is on the credit stage's output, so for graft it is "every step's credit is zero", not
+    "every outcome is equal". When every group is flat nothing is dropped (the step is then the KL
+    term alone, as without the option).
+    """
+    keep = joined.filter((pl.col("advantage") != 0).any().over("group_id"))
+    return keep if keep.height else joined
+
+
 def build_update_rows(
     joined: pl.DataFrame,
     encode_choices: Callable[[list[str]], list[list[int]]] | None = None,

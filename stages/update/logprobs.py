@@ -235,11 +235,13 @@ def selected_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_for: torch.Tensor | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward ``batch`` and return (log p(target) of each selected token (N,), entropy (N,) or None).
 
     ``log p = log_softmax(logits / temperature)`` in float32. The entropy is the full-vocabulary
     entropy of the same distribution; ``entropy_for`` (N,) bool restricts it to some tokens (others 0).
+    It is a metric without a graph unless ``entropy_grad`` (the update's entropy bonus).
     """
     logits = selected_logits(model, batch)
     device = logits.device
@@ -250,16 +252,18 @@ def selected_log_probs(
     target_logit = logits.gather(-1, sel.target.to(device).unsqueeze(-1)).squeeze(-1)
     token_lp = target_logit - log_norm
     entropy = None
-    if with_entropy:  # a metric, not part of the loss: no graph
-        detached = logits.detach()
-        rows = detached if entropy_for is None else detached[entropy_for.to(device)]
-        norm = log_norm.detach() if entropy_for is None else log_norm.detach()[entropy_for.to(device)]
+    if with_entropy:  # a metric (no graph), or the entropy bonus's term (entropy_grad)
+        source = logits if entropy_grad else logits.detach()
+        source_norm = log_norm if entropy_grad else log_norm.detach()
+        rows = source if entropy_for is None else source[entropy_for.to(device)]
+        norm = source_norm if entropy_for is None else source_norm[entropy_for.to(device)]
         log_p = rows - norm.unsqueeze(-1)
         ent = -(log_p.exp() * log_p).sum(-1)
         if entropy_for is None:
             entropy = ent
         else:
-            entropy = torch.zeros_like(token_lp.detach()).masked_scatter(entropy_for.to(device), ent)
+            zeros = torch.zeros_like(token_lp if entropy_grad else token_lp.detach())
+            entropy = zeros.masked_scatter(entropy_for.to(device), ent)
     return token_lp, entropy
 
 

@@ -6,7 +6,11 @@ GRPO-C (``objective = "grpo_c"``, the default), per step row i with response o_i
             = log pi_theta(a_i|s_i) - log pi_old(a_i|s_i)        (choose mode: ratio over the choices)
     l_i     = -min(w_i A_i, clip(w_i, 1 - clip_low, 1 + clip_high) A_i)            (Eq. 4)
     kl_i    = (1/|o_i|) sum_t k3(ref_it, logp_it)
-    loss    = (1/R) sum_i (l_i + beta kl_i)                             (R = rows in the minibatch)
+    loss    = (1/R) sum_i (l_i + beta kl_i - c H_i)                     (R = rows in the minibatch)
+
+H_i is the optional entropy bonus (``update.entropy_coef`` = c, experimental, 0 = the paper's
+objective): the entropy of the choice distribution for choose rows, the mean token entropy of the
+response for token rows; the token-level objective adds ``- c H_it`` per token.
 
 GRPO (``objective = "grpo"``, the token-level ablation), per response token (i, t)::
 
@@ -79,6 +83,7 @@ class LossTerms:
     units: int
     ratio: torch.Tensor
     clipped: torch.Tensor
+    entropy_sum: torch.Tensor | None = None  # the bonus's entropy sum (None when the bonus is off)
 
 
 def grpo_c_terms(
@@ -89,9 +94,11 @@ def grpo_c_terms(
     clip_low: float,
     clip_high: float,
     beta: float,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> LossTerms:
     """GRPO-C sums over B rows. log_ratio (B,) = log w_i; adv (B,); kl_tok (B, R) k3 per response token
-    (None when beta = 0); mask (B, R) response tokens."""
+    (None when beta = 0); mask (B, R) response tokens; entropy (B,) H_i with grad (None: no bonus)."""
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     pg, clip_active = clipped_surrogate(ratio, adv.to(ratio.dtype), clip_low, clip_high)
     policy_sum = pg.sum()
@@ -100,8 +107,13 @@ def grpo_c_terms(
         kl_sum = ((kl_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)).sum()
     else:
         kl_sum = torch.zeros((), dtype=pg.dtype, device=pg.device)
+    loss_sum = policy_sum + beta * kl_sum
+    entropy_sum = None
+    if entropy is not None:
+        entropy_sum = entropy.sum()
+        loss_sum = loss_sum - entropy_coef * entropy_sum
     return LossTerms(
-        policy_sum + beta * kl_sum, policy_sum, kl_sum, int(ratio.shape[0]), ratio.detach(), clip_active
+        loss_sum, policy_sum, kl_sum, int(ratio.shape[0]), ratio.detach(), clip_active, entropy_sum
     )
 
 
@@ -114,8 +126,11 @@ def grpo_token_terms(
     clip_low: float,
     clip_high: float,
     beta: float,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> LossTerms:
-    """Token-level GRPO sums over the response tokens of B rows (shapes (B, R); adv (B,))."""
+    """Token-level GRPO sums over the response tokens of B rows (shapes (B, R); adv (B,); entropy
+    (B, R) per-token H_it with grad, None: no bonus)."""
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)
     pg, clip_active = clipped_surrogate(ratio, adv.to(ratio.dtype).unsqueeze(-1), clip_low, clip_high)
@@ -123,13 +138,19 @@ def grpo_token_terms(
     policy_sum = (pg * m).sum()
     kl_sum = (kl_tok * m).sum() if kl_tok is not None else torch.zeros((), dtype=pg.dtype, device=pg.device)
     keep = mask.bool()
+    loss_sum = policy_sum + beta * kl_sum
+    entropy_sum = None
+    if entropy is not None:
+        entropy_sum = (entropy * m).sum()
+        loss_sum = loss_sum - entropy_coef * entropy_sum
     return LossTerms(
-        policy_sum + beta * kl_sum,
+        loss_sum,
         policy_sum,
         kl_sum,
         int(keep.sum()),
         ratio.detach()[keep],
         clip_active[keep],
+        entropy_sum,
     )
 
 

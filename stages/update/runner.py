@@ -50,7 +50,13 @@ from schemas.rundir import Run
 from stages.observe.progress import terminal_progress
 from stages.policy.adapters import is_adapter_dir, merged_model
 from stages.policy.sampling import derive_rng
-from stages.update.batching import KEYS, UpdateRows, build_update_rows, join_steps_advantages
+from stages.update.batching import (
+    KEYS,
+    UpdateRows,
+    build_update_rows,
+    drop_flat_groups,
+    join_steps_advantages,
+)
 from stages.update.checkpoint import (
     enable_gradient_checkpointing,
     gather_model_state,
@@ -125,6 +131,8 @@ def prepare_update_job(run: Run, iteration: int, config: Config, ctx: DistContex
     here; every step reads ``job.reference_path``)."""
     steps_path = run.table_path(iteration, "steps")
     steps, joined = read_training_rows(run, iteration)
+    if config.update.skip_flat_groups:
+        joined = drop_flat_groups(joined)
     policy_path = acting_policy(run, iteration, config, "update")[0]
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     rows = build_update_rows(joined, token_encoder(tokenizer), source=str(steps_path))

@@ -30,6 +30,7 @@ import torch
 
 from schemas.config import UpdateConfig
 from schemas.errors import GraftError
+from stages.policy.cpu_precision import resolve_bf16_on_cpu
 from stages.update.batching import MicroBatch, UpdateRows, minibatch_schedule, pack_microbatches, shard
 from stages.update.distributed import DistContext, accumulate, reshard
 from stages.update.logprobs import (
@@ -48,6 +49,8 @@ class Scored:
 
     logp/mask (B, R): log-probs of the response tokens (choose rows: the chosen choice's tokens).
     entropy (B, R) or None. choice_logp (B,): log pi(a|s) over the choices (choose rows) or None.
+    bonus_entropy: the entropy bonus's term with its graph (``entropy_grad``), else None: (B,) the
+    entropy of each choose row's choice distribution, or (B, R) token rows' per-token entropy.
     """
 
     logp: torch.Tensor
@@ -55,6 +58,7 @@ class Scored:
     entropy: torch.Tensor | None
     choice_logp: torch.Tensor | None
     input_tokens: int
+    bonus_entropy: torch.Tensor | None = None
 
 
 def score_microbatch(
@@ -64,18 +68,25 @@ def score_microbatch(
     temperature: float,
     with_entropy: bool = False,
     as_tokens: bool = False,
+    entropy_grad: bool = False,
 ) -> Scored:
     """Forward one micro-batch. ``as_tokens`` scores choose rows as plain prompt + response (T = 1):
-    the reference needs only the chosen action's token log-probs."""
+    the reference needs only the chosen action's token log-probs. ``entropy_grad`` also returns the
+    entropy bonus's term with its graph (``Scored.bonus_entropy``)."""
     idx = mb.rows
     prompts = [rows.prompt_ids[i] for i in idx]
     if not mb.choice or as_tokens:
         batch, slot = build_response_batch(prompts, [rows.response_ids[i] for i in idx])
         token_t = 1.0 if mb.choice else temperature
-        flat, ent = selected_log_probs(model, batch, token_t, with_entropy)
+        flat, ent = selected_log_probs(
+            model, batch, token_t, with_entropy or entropy_grad, entropy_grad=entropy_grad
+        )
         logp, mask = gather_slots(flat, slot)
         entropy = gather_slots(ent, slot)[0] if ent is not None else None
-        return Scored(logp, mask, entropy, None, int(batch.attention_mask.sum()))
+        bonus = entropy if entropy_grad else None
+        if entropy is not None and entropy_grad:
+            entropy = entropy.detach()
+        return Scored(logp, mask, entropy, None, int(batch.attention_mask.sum()), bonus)
     batch, slot = build_choice_batch(prompts, [rows.choices[i] for i in idx])
     chosen = torch.as_tensor(rows.chosen[idx], dtype=torch.long)
     b_range = torch.arange(len(idx))
@@ -90,7 +101,15 @@ def score_microbatch(
     entropy = gather_slots(ent, chosen_slot)[0] if ent is not None else None
     choice_logp = scores.log_probs[b_range.to(flat.device), chosen.to(flat.device)]
     n_tokens = sum(len(rows.prompt_ids[i]) + sum(len(c) for c in rows.choices[i]) for i in idx)  # type: ignore[union-attr]
-    return Scored(logp, mask, entropy, choice_logp, n_tokens)
+    bonus = choice_entropy(scores.log_probs) if entropy_grad else None
+    return Scored(logp, mask, entropy, choice_logp, n_tokens, bonus)
+
+
+def choice_entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """H(pi(.|s)) = -sum_j pi_j log pi_j per row of a (B, C) log-prob matrix (-inf = padding): (B,)."""
+    finite = torch.isfinite(log_probs)
+    safe = torch.where(finite, log_probs, torch.zeros_like(log_probs))
+    return -(safe.exp() * safe * finite).sum(-1)
 
 
 def pad_rows(arrays: list[np.ndarray], width: int, device: torch.device) -> torch.Tensor:
@@ -102,15 +121,16 @@ def pad_rows(arrays: list[np.ndarray], width: int, device: torch.device) -> torc
 
 
 def bf16_autocast(
-    device: torch.device, enabled: bool, on_cpu: bool = False
+    device: torch.device, enabled: bool, on_cpu: bool | str = False
 ) -> contextlib.AbstractContextManager:
     """bf16 autocast on GPU when ``enabled``; on CPU only when ``on_cpu`` too (``update.bf16_on_cpu``,
     ``sft.bf16_on_cpu``: CPUs with AMX or AVX-512 BF16 multiply bf16 matrices several times faster than
     float32; otherwise CPU runs stay float32, deterministic and exact enough). The update's and the
-    warm start's forward passes both run under it; log-softmax is still taken in float32."""
+    warm start's forward passes both run under it; log-softmax is still taken in float32.
+    ``on_cpu = "native"``: on where the CPU multiplies bf16 natively (stages/policy/cpu_precision.py)."""
     if device.type == "cuda" and enabled:
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    if device.type == "cpu" and enabled and on_cpu:
+    if device.type == "cpu" and enabled and resolve_bf16_on_cpu(on_cpu):
         return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -312,8 +332,8 @@ def train_policy(
         n_rows = len(minibatch)
         denom = n_rows if cfg.objective == "grpo_c" else int(response_lengths[minibatch].sum())
         mine, n_micro = _plans(rows, minibatch, ctx, cfg.max_tokens_per_batch, as_tokens=False)
-        # sums: policy, kl, units, clipped, ratio, entropy, entropy tokens, input tokens
-        stats = torch.zeros(8, dtype=torch.float64, device=device)
+        # sums: policy, kl, units, clipped, ratio, entropy, entropy tokens, input tokens, bonus entropy
+        stats = torch.zeros(9, dtype=torch.float64, device=device)
         ratio_max = torch.full((1,), -math.inf, dtype=torch.float64, device=device)
         for k in range(n_micro):
             real = k < len(mine)
@@ -322,7 +342,9 @@ def train_policy(
                 accumulate(model, sync=k == n_micro - 1),
                 bf16_autocast(ctx.device, cfg.bf16, cfg.bf16_on_cpu),
             ):
-                s = score_microbatch(model, rows, mb, temperature, with_entropy=real)
+                s = score_microbatch(
+                    model, rows, mb, temperature, with_entropy=real, entropy_grad=cfg.entropy_coef > 0
+                )
                 if real and step_i == 0 and fill:
                     _old_from_scores(s, mb, old, fill)
                 terms = _terms(s, rows, mb, old, ref, cfg, device)
@@ -340,6 +362,7 @@ def train_policy(
                     float((s.entropy * s.mask).sum()) if s.entropy is not None else 0.0,
                     float(s.mask.sum()),
                     s.input_tokens,
+                    float(terms.entropy_sum.detach()) if terms.entropy_sum is not None else 0.0,
                 ],
                 dtype=torch.float64,
                 device=device,
@@ -349,10 +372,11 @@ def train_policy(
         grad_norm = _grad_norm(model, cfg.grad_clip)
         ctx.all_reduce(stats)
         ctx.all_reduce(ratio_max, op="max")
-        policy_sum, kl_sum, units, clipped, ratio_sum, ent_sum, ent_n, tokens = stats.tolist()
+        policy_sum, kl_sum, units, clipped, ratio_sum, ent_sum, ent_n, tokens, bonus_sum = stats.tolist()
+        loss = (policy_sum + cfg.beta * kl_sum - cfg.entropy_coef * bonus_sum) / denom
         # every rank sees the same reduced loss and global norm, so all stop together, before a step
         # that would write NaN into the weights
-        check_finite_step(epoch, mb_index, (policy_sum + cfg.beta * kl_sum) / denom, grad_norm)
+        check_finite_step(epoch, mb_index, loss, grad_norm)
         lr = warmup_lr(cfg.lr, cfg.warmup_steps, result.global_step)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -366,7 +390,7 @@ def train_policy(
         result.global_step += 1
         seconds = time.perf_counter() - t0
         metrics = {
-            "loss": (policy_sum + cfg.beta * kl_sum) / denom,
+            "loss": loss,
             "policy_loss": policy_sum / denom,
             "clip_fraction": clipped / max(units, 1.0),
             "ratio_mean": ratio_sum / max(units, 1.0),
@@ -438,11 +462,21 @@ def _terms(
     if ref is not None and cfg.beta != 0.0:
         kl_tok = k3_kl(logp, pad_rows([ref[i] for i in idx], width, device))
     old_tok = pad_rows([old.tokens[i] for i in idx], width, device)
+    bonus = s.bonus_entropy.float() if s.bonus_entropy is not None else None
     if cfg.objective == "grpo":
-        return grpo_token_terms(logp, old_tok, adv, kl_tok, s.mask, cfg.clip_low, cfg.clip_high, cfg.beta)
+        if bonus is not None and bonus.dim() == 1:  # a choose row's one entropy on each of its tokens
+            bonus = bonus.unsqueeze(-1) * s.mask / s.mask.sum(-1, keepdim=True).clamp(min=1)
+        return grpo_token_terms(
+            logp, old_tok, adv, kl_tok, s.mask, cfg.clip_low, cfg.clip_high, cfg.beta, bonus, cfg.entropy_coef
+        )
     if s.choice_logp is not None:
         old_choice = torch.as_tensor(old.choice[idx], dtype=torch.float32, device=device)
         log_ratio = s.choice_logp.float() - old_choice
     else:
         log_ratio = sequence_log_ratio(logp, old_tok, s.mask)
-    return grpo_c_terms(log_ratio, adv, kl_tok, s.mask, cfg.clip_low, cfg.clip_high, cfg.beta)
+        if bonus is not None:  # the row's mean token entropy
+            m = s.mask.to(bonus.dtype)
+            bonus = (bonus * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    return grpo_c_terms(
+        log_ratio, adv, kl_tok, s.mask, cfg.clip_low, cfg.clip_high, cfg.beta, bonus, cfg.entropy_coef
+    )

@@ -176,7 +176,7 @@ def train_sft(
     warmup_steps: int = 0,
     max_tokens: int = 1 << 30,
     bf16: bool = True,
-    bf16_on_cpu: bool = False,
+    bf16_on_cpu: bool | str = False,
     on_step: Callable[[int, int, float], None] | None = None,
 ) -> list[float]:
     """Clone ``examples`` into ``model`` (in place, on the device it is on); return the loss of every

