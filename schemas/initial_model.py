@@ -126,15 +126,23 @@ def record_initial_models(run: Run, config: Config) -> None:
         atomic_write_text(run.root / MANIFEST_FILE, json.dumps(data, indent=2, sort_keys=True))
 
 
+def verified_initial_policy(run: Run, config: Config) -> Path:
+    """The run's initial policy -- the warm start's checkpoint, ``model.path`` or the run's own tiny
+    model (``Run.initial_policy_dir``) -- verified against the run's manifest (``verify_initial_model``):
+    the policy of iteration 0, the frozen reference of every update's KL term and the model an
+    evaluation of iteration -1 scores."""
+    return verify_initial_model(run, run.initial_policy_dir(config))
+
+
 def acting_policy(run: Run, iteration: int, config: Config, stage: str) -> tuple[Path, str]:
     """The one answer to "which policy acts in (and is trained by) ``iteration``": (its directory, its
     ``policy_version``) -- the checkpoint of iteration - 1 (verified against its finished iteration;
     a missing one is an error), or in iteration 0 the run's initial policy (verified against the run's
     manifest), version ``INITIAL_VERSION``.
 
-    It builds nothing: the initial policy (the tiny model, the warm start) is made by the commands
-    that prepare a run (``graft loop``, ``graft sft``, ``graft rollout``/``update``/``eval`` on a fresh
-    run) before any stage runs; a stage that finds none says which command makes it."""
+    It builds nothing: the initial policy (the tiny model, the warm start) is made before a stage that
+    uses it runs (``stages.loop.stage.run_stage``, for the loop and the stage commands alike; ``graft
+    sft``); a stage runner called on its own that finds none says which command makes it."""
     checkpoint = acting_checkpoint(run, iteration, stage)
     if checkpoint is not None:
         return checkpoint, checkpoint.name
@@ -145,4 +153,4 @@ def acting_policy(run: Run, iteration: int, config: Config, stage: str) -> tuple
             f"{stage} of iteration {iteration}: the run has no initial policy yet ({initial}); "
             f"`{made_by}` makes it (graft loop makes it before its first iteration)"
         )
-    return verify_initial_model(run, initial), INITIAL_VERSION
+    return verified_initial_policy(run, config), INITIAL_VERSION

@@ -206,6 +206,7 @@ def test_graft_cli_holds_only_the_app_and_its_commands() -> None:
 
 def test_the_loop_names_its_stages_directly() -> None:
     source = (ROOT / "stages" / "loop" / "runner.py").read_text()
+    source += (ROOT / "stages" / "loop" / "stage.py").read_text()  # the table's home
     assert "importlib" not in source and "KILL_AT" not in source and "os.kill" not in source
     from stages import credit, evaluate, rollout
     from stages.loop import STAGE_RUNNERS
@@ -219,3 +220,61 @@ def test_the_loop_names_its_stages_directly() -> None:
         "update": launch.loop_update,  # run_update itself, or under torchrun (cluster.update_procs)
         "eval": evaluate.run_eval,
     } == STAGE_RUNNERS
+
+
+# ---------------------------------------------------------------------------------------------
+# stages never build a warm start
+
+# what makes a run's initial policy (the tiny model, behaviour cloning, DAgger; the package's face
+# hands ``ensure_initial_model`` on), and the only modules outside stages/warmstart/ that may call it:
+# what prepares a run before a stage uses the policy (``run_stage``'s rule, ``graft sft``). A stage's
+# runner acts with the policy ``acting_policy`` gives and builds nothing.
+WARM_START_BUILDERS = (
+    "stages.warmstart",
+    "stages.warmstart.initial",
+    "stages.warmstart.sft",
+    "stages.warmstart.dagger",
+)
+PREPARERS = {"stages/loop/stage.py", "stages/loop/commands.py"}
+
+
+def warm_start_builders_imported(root: Path = ROOT) -> list[str]:
+    """``file:line imports module`` for every module of stages/ outside stages/warmstart/ and the
+    preparers that imports what builds an initial policy."""
+    found = []
+    for path in sorted((root / "stages").rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        if where.startswith("stages/warmstart/") or where in PREPARERS:
+            continue
+        for line, target in import_targets(path, root):
+            if target in WARM_START_BUILDERS or target.startswith(
+                tuple(f"{b}." for b in WARM_START_BUILDERS[1:])
+            ):
+                found.append(f"{where}:{line} imports {target}")
+    return found
+
+
+def test_stages_never_build_a_warm_start() -> None:
+    assert warm_start_builders_imported() == []
+
+
+def test_the_check_sees_a_stage_that_builds_a_warm_start(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "stages/__init__.py": "",
+            "stages/warmstart/__init__.py": "from stages.warmstart.initial import ensure_initial_model\n",
+            "stages/warmstart/initial.py": "from stages.warmstart.sft import run_sft\n",
+            "stages/warmstart/sft.py": "",
+            "stages/warmstart/demos.py": "",
+            "stages/rollout/__init__.py": "",
+            "stages/rollout/runner.py": "def run():\n    from stages.warmstart.initial import ensure_initial_model\n",
+            "stages/update/runner.py": "from stages import warmstart\n",
+            "stages/loop/preflight.py": "from stages.warmstart.demos import check_think\n",
+            "stages/loop/stage.py": "from stages.warmstart import initial\n",
+        },
+    )
+    assert warm_start_builders_imported(root) == [
+        "stages/rollout/runner.py:2 imports stages.warmstart.initial",
+        "stages/update/runner.py:1 imports stages.warmstart",
+    ]

@@ -3,9 +3,11 @@ a paragraph or table row of a doc) that cites a results file, docs/results/*.md,
 that file holds (to the digits quoted), so a quote cannot drift from its measurement unnoticed. The
 quickstart's numbers are tied to docs/quickstart/provenance.json (tests/loop/test_quickstart_docs.py).
 
-A pointer to a results section (``docs/results/speed.md "Advantage stages"``, ``BENCHMARKS.md
-"..."``, or ``section "..."`` inside a results file) names a heading that exists in that file, so a
-section that moves or is renamed cannot leave a dangling pointer behind."""
+A pointer to a section of a doc (``docs/results/speed.md "Advantage stages"``, ``docs/credit.md
+"Similarity states"``, ``BENCHMARKS.md "..."``, or ``section "..."`` inside a results file), in the
+docs, configs, benchmarks, tools, tests and the code of graft_cli/, stages/ and schemas/, names a
+heading that exists in that file, so a section that moves or is renamed cannot leave a dangling
+pointer behind."""
 
 from __future__ import annotations
 
@@ -94,7 +96,7 @@ def test_the_check_sees_a_number_the_record_does_not_hold(tmp_path: Path) -> Non
 # pointers to results sections
 
 POINTER = re.compile(
-    r'(?:(docs/results/[\w-]+\.md|BENCHMARKS(?:\.md)?),?(?: sections?| table)?|(?<![-\w])(?:section|table)) "([^"]+)"'
+    r'(?:(docs/[\w/-]+\.md|BENCHMARKS(?:\.md)?),?(?: sections?| table)?|(?<![-\w])(?:section|table)) "([^"]+)"'
 )
 POINTING = sorted(
     {
@@ -103,6 +105,9 @@ POINTING = sorted(
         *REPO.glob("bench/**/*.py"),
         *REPO.glob("tools/**/*.py"),
         *REPO.glob("tests/**/*.py"),
+        *REPO.glob("stages/**/*.py"),
+        *REPO.glob("schemas/**/*.py"),
+        *REPO.glob("graft_cli/**/*.py"),
     }
     - {Path(__file__)}  # its own planted pointers
 )
@@ -148,7 +153,19 @@ def dangling_pointers(path: Path, root: Path = REPO) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", POINTING, ids=lambda p: str(p.relative_to(REPO)))
+# a file whose stale pointer is mended by a change under way elsewhere (the update's objectives
+# registered with their aggregation rewrite its docstring): strict, so the mend turns this red until
+# the entry is removed
+MENDED_ELSEWHERE: set = set()
+POINTING_CASES = [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="its pointer is mended with its rewrite"))
+    if p in MENDED_ELSEWHERE
+    else p
+    for p in POINTING
+]
+
+
+@pytest.mark.parametrize("path", POINTING_CASES, ids=lambda p: str(p.relative_to(REPO)))
 def test_a_pointer_to_a_results_section_names_a_heading_that_exists(path: Path) -> None:
     assert dangling_pointers(path) == []
 
@@ -169,5 +186,9 @@ def test_the_check_sees_a_dangling_section_pointer(tmp_path: Path) -> None:
         'x.md: BENCHMARKS "Protocol v2"',
         'x.md: docs/results/gone.md "Protocol v2"',
     ]
+    code = tmp_path / "stages" / "x.py"
+    code.parent.mkdir()
+    code.write_text('# measured (docs/results/things.md\n# "Protocol v2"); see docs/other.md "Gone"\n')
+    assert dangling_pointers(code, tmp_path) == ['stages/x.py: docs/other.md "Gone"']
     (results / "things.md").write_text('# Things\n\n## A\n\nsee section "A" and section "B" below\n')
     assert dangling_pointers(results / "things.md", tmp_path) == ['docs/results/things.md: section "B"']

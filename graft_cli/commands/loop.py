@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -12,39 +11,6 @@ from schemas.errors import GraftError
 
 if TYPE_CHECKING:  # schemas.rundir imports polars: loaded when a command runs, not for --help
     from schemas.rundir import Run
-
-
-def resolve_eval_target(
-    run: Run, config: Config, checkpoint: str, iteration: int | None
-) -> tuple[int, Path, str, Path]:
-    """(iteration, model directory, checkpoint name, output path) of a ``graft eval`` call.
-
-    ``--iter I`` / ``--checkpoint latest``: the run's checkpoint of I (or the newest) ->
-    ``iter_I/eval.parquet``; ``initial``: the initial policy -> ``<run>/eval.parquet`` (iter -1);
-    another directory: that model -> ``<run>/eval_<dirname>.parquet`` (iter -1).
-    """
-    from schemas.integrity import checkpoint_complete, verify_checkpoint
-    from stages.evaluate import evaluated_policy, output_path
-
-    if iteration is not None and iteration < -1:
-        raise GraftError(f"eval: --iter must be >= 0 (or -1: the initial policy), got {iteration}")
-    if iteration is None and checkpoint == "latest":
-        latest = run.latest_checkpoint()
-        if latest is None:
-            raise GraftError(f"{run.root}: no complete checkpoint yet")
-        iteration = int(latest.name[5:])
-    if iteration is not None and iteration >= 0:
-        model_dir = evaluated_policy(run, iteration, config)
-        return iteration, model_dir, model_dir.name, output_path(run, iteration)
-    if checkpoint == "initial" or iteration == -1:  # named "initial" as the loop's evaluation of it
-        return -1, evaluated_policy(run, -1, config), "initial", output_path(run, -1)
-    model_dir = Path(checkpoint)
-    if checkpoint_complete(model_dir):
-        verify_checkpoint(model_dir)
-    elif not (model_dir / "config.json").is_file():
-        raise GraftError(f"{model_dir}: not a checkpoint or model directory")
-    name = model_dir.resolve().name
-    return -1, model_dir, name, run.root / f"eval_{name}.parquet"
 
 
 def format_eta(seconds: float) -> str:
@@ -250,29 +216,13 @@ def evaluate(
     force: bool = typer.Option(False, "--force", help="Replace an existing evaluation of it."),
 ) -> None:
     """Evaluate a checkpoint on held-out tasks; writes iter_NNNN/eval.parquet."""
-    from schemas.lock import run_lock
-    from schemas.manifest import verify_finished, write_recorded_table
     from schemas.rundir import open_run
-    from stages.evaluate import evaluate_model, output_path
+    from stages.loop.commands import evaluate_on_run
 
     run = open_run(run_dir)
     cfg = run.load_config(list(overrides))
-    with run_lock(run.root):
-        initial = iteration == -1 or (iteration is None and checkpoint == "initial")
-        if initial and not (output_path(run, -1).is_file() and not force):
-            # the initial policy of a fresh run is made by the command, before the evaluation stage
-            from stages.warmstart.initial import ensure_initial_model
-
-            ensure_initial_model(run, cfg)
-        it, model_dir, name, out = resolve_eval_target(run, cfg, checkpoint, iteration)
-        if out.is_file() and not force:  # nothing is computed from an evaluation: only it is replaced
-            raise GraftError(f"{out}: {name} is already evaluated; use --force to evaluate it again")
-        # the rest of the iteration (or of the run's top) is what was recorded: the evaluation is
-        # recorded next to it
-        at_top = out.parent.resolve() == run.root.resolve()
-        verify_finished(run, [] if at_top else [it], skip={-1 if at_top else it: {out.name}})
-        rows = evaluate_model(run, cfg, model_dir, it, name)
-        write_recorded_table(run, rows, "eval", out)
+    evaluation = evaluate_on_run(run, cfg, checkpoint, iteration, force)
+    rows, name, out = evaluation.rows, evaluation.name, evaluation.out
     overall_rows = rows.filter(rows["task_type"].is_null() & rows["split"].is_null())  # not a split's
     overall = {r["name"]: r["value"] for r in overall_rows.iter_rows(named=True)}
     valid = f"valid {valid_action_rate(overall):.3f}  " if cfg.rollout.mode == "generate" else ""

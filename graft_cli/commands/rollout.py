@@ -107,13 +107,10 @@ def rollout(
     yes: bool = YES_OPTION,
 ) -> None:
     """Play one iteration of rollouts and write steps.parquet (+ metrics_rollout.parquet)."""
-    from graft_cli.commands.confirm import removal_confirmer
-    from schemas import write_table
     from schemas.config import load_config
-    from schemas.lock import run_lock
-    from schemas.recompute import guard_recompute, removed_summary
-    from schemas.rundir import Run, open_run
-    from stages.rollout import parse_shard, rollout_iteration, run_rollout
+    from schemas.rundir import open_run
+    from stages.loop import commands
+    from stages.rollout import parse_shard
 
     run_dir = run_arg or run_opt
     if iteration is None:
@@ -127,73 +124,49 @@ def rollout(
     parts = parse_shard(shard) if shard else None
     if run_arg is not None and run_opt is not None and run_arg != run_opt:
         raise GraftError("rollout: give the run once (RUN or --run)")
-    run_dir = run_arg or run_opt
-    if run_dir is not None:
-        if out is not None or config_path is not None:
-            raise GraftError("rollout: use either --run, or --config with --out")
-        run = open_run(run_dir)
-        config = run.load_config(overrides)
-        if merge:
-            from stages.rollout import merge_rollout_shards
-
-            with run_lock(run.root):
-                if run.stage_complete("rollout", iteration):
-                    typer.echo(f"{run.table_path(iteration, 'steps')} exists: nothing to merge")
-                    return
-                if not merge_rollout_shards(run, iteration, config, merge):
-                    raise GraftError(
-                        f"{run.iter_dir(iteration)}: not all {merge} steps.shard-*-of-{merge} files exist yet"
-                    )
-            typer.echo(f"wrote {run.table_path(iteration, 'steps')}")
-            return
-        if parts is not None and force:
-            raise GraftError("rollout: --force replays a whole iteration; it does not combine with --shard")
-        # shard workers write disjoint files side by side: a shared lock, which still excludes a loop
-        with run_lock(run.root, shared=parts is not None):
-            if parts is not None and run.stage_complete("rollout", iteration):
-                # a shard never replaces a finished steps table: say so rather than "wrote"
-                typer.echo(
-                    f"{run.table_path(iteration, 'steps')} exists: iteration {iteration} is already played; "
-                    f"nothing written for shard {shard}"
-                )
-                return
-            if parts is None:
-                confirm = removal_confirmer(yes)
-                removed = removed_summary(
-                    run, iteration, guard_recompute(run, "rollout", iteration, force, confirm)
-                )
-                if removed:
-                    typer.echo(removed)
-            from stages.rollout.shards import shard_name
-
-            own = run.iter_dir(iteration) / shard_name("steps", parts) if parts is not None else None
-            played_before = own is not None and own.is_file()
-            if iteration == 0:  # the command prepares the run; the stage itself builds nothing
-                from stages.warmstart.initial import ensure_initial_model
-
-                ensure_initial_model(run, config)
-            path = run_rollout(run, iteration, config, shard=parts, progress=progress)
-            if parts is None:
-                from schemas.rundir import record_overrides
-
-                record_overrides(run, iteration, "rollout", overrides)
-        if played_before and path == own:
-            typer.echo(f"{path} exists: shard {shard} is already played; the merge waits for the others")
-        else:
-            typer.echo(f"wrote {path}")
+    if run_dir is None:
+        if out is None:
+            raise GraftError("rollout: give a RUN directory, or --config X.toml with --out DIR")
+        path = commands.rollout_to_folder(
+            out, load_config(config_path, overrides), iteration, parts, progress
+        )
+        typer.echo(f"wrote {path}")
         return
-    if out is None:
-        raise GraftError("rollout: give a RUN directory, or --config X.toml with --out DIR")
-    config = load_config(config_path, overrides)
-    scratch = Run(out)  # only for the tiny model location: DIR/model
-    from stages.policy.engine import INITIAL_VERSION
-    from stages.warmstart.initial import ensure_initial_model
+    if out is not None or config_path is not None:
+        raise GraftError("rollout: use either --run, or --config with --out")
+    run = open_run(run_dir)
+    config = run.load_config(overrides)
+    if merge:
+        if commands.merge_shards_on_run(run, iteration, config, merge):
+            typer.echo(f"wrote {run.table_path(iteration, 'steps')}")
+        else:
+            typer.echo(f"{run.table_path(iteration, 'steps')} exists: nothing to merge")
+        return
+    if parts is not None:
+        if force:
+            raise GraftError("rollout: --force replays a whole iteration; it does not combine with --shard")
+        played = commands.play_rollout_shard(run, iteration, config, parts, progress)
+        if played.played:
+            typer.echo(f"wrote {played.path}")
+        elif played.path == run.table_path(iteration, "steps"):
+            # a shard never replaces a finished steps table: say so rather than "wrote"
+            typer.echo(
+                f"{played.path} exists: iteration {iteration} is already played; nothing written for shard {shard}"
+            )
+        else:
+            typer.echo(
+                f"{played.path} exists: shard {shard} is already played; the merge waits for the others"
+            )
+        return
+    from functools import partial
 
-    model_dir = ensure_initial_model(scratch, config)
-    steps, metrics = rollout_iteration(
-        config, iteration, model_dir, INITIAL_VERSION, shard=parts, progress=progress
+    from graft_cli.commands.confirm import print_removed, stage_command
+    from stages.loop import run_stage
+    from stages.rollout import run_rollout
+
+    runner = partial(run_rollout, progress=progress)
+    command = stage_command(force, yes, overrides)
+    print_removed(
+        run, iteration, run_stage(run, "rollout", iteration, config, runner=runner, command=command).removed
     )
-    suffix = f".shard-{parts[0]}-of-{parts[1]}" if parts else ""
-    write_table(metrics, "metrics", out / f"metrics_rollout{suffix}.parquet")
-    path = write_table(steps, "steps", out / f"steps{suffix}.parquet")
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {run.table_path(iteration, 'steps')}")

@@ -26,38 +26,25 @@ def update(
     yes: bool = YES_OPTION,
 ) -> None:
     """Train the policy on an iteration's steps and advantages; write the checkpoint and update table."""
-    import os
-
     import polars as pl
 
-    from graft_cli.commands.confirm import removal_confirmer
+    from graft_cli.commands.confirm import print_removed, stage_command
     from schemas.errors import GraftError
-    from schemas.lock import run_lock
-    from schemas.recompute import guard_recompute, removed_summary
     from schemas.rundir import open_run
+    from stages.loop import run_stage
+    from stages.loop.stage import distributed_rank
     from stages.update import run_update
 
     if iteration < 0:
         raise GraftError(f"--iter {iteration}: iterations are >= 0")
     run = open_run(run_dir)
     config = run.load_config(overrides)
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds the lock for all
-        run_update(run, iteration, config)
+    command = stage_command(force, yes, overrides)
+    # under torchrun every rank trains; rank 0 alone guards, prepares, records and prints
+    done = run_stage(run, "update", iteration, config, runner=run_update, command=command)
+    if distributed_rank() != 0:
         return
-    with run_lock(run.root):
-        # under torchrun one process checks and removes; the others read nothing it removes
-        removed = removed_summary(
-            run, iteration, guard_recompute(run, "update", iteration, force, removal_confirmer(yes))
-        )
-        if removed:
-            typer.echo(removed)
-        from stages.warmstart.initial import ensure_initial_model
-
-        ensure_initial_model(run, config)  # the reference (and iteration 0's policy); made once
-        run_update(run, iteration, config)
-        from schemas.rundir import record_overrides
-
-        record_overrides(run, iteration, "update", overrides)
+    print_removed(run, iteration, done.removed)
     summary = run.read(iteration, "update").filter(pl.col("epoch") == -1)
     values = dict(zip(summary["name"].to_list(), summary["value"].to_list(), strict=True))
     shown = ("loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "rows", "steps", "seconds")

@@ -82,22 +82,12 @@ def sft(
     import polars as pl
 
     from schemas import read_table
-    from schemas.errors import GraftError
-    from schemas.lock import run_lock
     from schemas.rundir import open_run
-    from stages.loop import remove_stale_temporaries
-    from stages.warmstart.initial import ensure_initial_model
+    from stages.loop.commands import warm_start
 
     run = open_run(run_dir)
     config = run.load_config()
-    if not config.sft.enabled:
-        raise GraftError(
-            f"{run.config_path}: sft.enabled is false, so no stage would use a warm start; start the run "
-            "with --set sft.enabled=true (or an [sft] section with enabled = true)"
-        )
-    with run_lock(run.root):  # a loop or another sft on the same run waits or is refused
-        remove_stale_temporaries(run)  # what a killed warm start left half-written
-        path = ensure_initial_model(run, config)
+    path = warm_start(run, config)
     rows = read_table(run.sft_dir / "metrics_sft.parquet", "metrics").filter(pl.col("task_type").is_null())
     values = dict(zip(rows["name"].to_list(), rows["value"].to_list(), strict=True))
     typer.echo(

@@ -22,7 +22,8 @@ Stage runners (docs/design.md): ``run_graph``, ``run_solve``, ``run_advantage`` 
 Modules: ``trajectory_graph`` (steps -> nodes, edges), ``embed`` (sentence embeddings of similarity
 states), ``bellman`` (the values of the graph's nodes), ``advantage/`` (the estimator registry and its
 estimators), ``diagnostics`` (graph and solve metrics rows), ``synth`` (synthetic MDP rollouts),
-``api`` (the functions above), ``runners`` (the stage runners and the CLI's file mode).
+``api`` (the functions above), ``runners`` (the stage runners and the file-mode stages),
+``file_mode`` (the file-mode chain: which tables of an output folder are stale, rebuilt in one call).
 
 Two ways to name the settings, kept apart: ``graph``, ``solve`` and ``advantages`` take them as
 keyword arguments and validate their input (the Python API); ``api.graph_from_config`` and
@@ -40,6 +41,7 @@ from stages.credit.api import (
     run_all,
     solve,
 )
+from stages.credit.file_mode import advantage_chain, graph_chain, solve_chain
 from stages.credit.runners import (
     ChainTables,
     advantage_files,
@@ -55,11 +57,13 @@ from stages.credit.synth import synth_steps
 __all__ = [
     "CreditTables",
     "ChainTables",
+    "advantage_chain",
     "advantage_files",
     "advantage_metrics",
     "advantages",
     "embed_metrics",
     "graph",
+    "graph_chain",
     "graph_files",
     "make_embedder",
     "run_advantage",
@@ -67,6 +71,7 @@ __all__ = [
     "run_graph",
     "run_solve",
     "solve",
+    "solve_chain",
     "solve_files",
     "synth_steps",
     "write_metrics",

@@ -9,7 +9,7 @@ For every rollout group the N trajectories are merged into one directed multigra
   strings always share a node. Two structural rules hold whatever the cosine: an end state (where a
   trajectory ends) joins only clusters of end states with the same outcome R, never a state where no
   trajectory ends; and the two states of a step (state != next_state) never share a node, so a step
-  never becomes a self-loop just because its states read alike (docs/design.md, "Similarity states").
+  never becomes a self-loop just because its states read alike (docs/credit.md "Similarity states").
 * **edges** -- each steps row is one raw edge instance ``src = φ(state) -> dst = φ(next_state)``
   carrying the step reward r_t; the edges table is row-aligned with the steps table.
 * **ends** -- each trajectory's last row adds an end at its dst with terminal value ``outcome``

@@ -8,8 +8,9 @@ from pathlib import Path
 import polars as pl
 
 from schemas.config import Config
+from schemas.definitions import INITIAL_VERSION
 from schemas.errors import GraftError
-from schemas.initial_model import verify_initial_model
+from schemas.initial_model import verified_initial_policy
 from schemas.integrity import checkpoint_complete
 from schemas.manifest import verify_checkpoint_read, write_recorded_table
 from schemas.rundir import Run
@@ -28,7 +29,7 @@ def evaluated_policy(run: Run, iteration: int, config: Config) -> Path:
     own, where ``schemas.initial_model.acting_policy`` gives the one that acted in i), or the initial
     policy for -1."""
     if iteration < 0:
-        return verify_initial_model(run, run.initial_policy_dir(config))
+        return verified_initial_policy(run, config)
     path = run.checkpoint_dir(iteration)
     if not checkpoint_complete(path):
         raise GraftError(f"{path}: no complete checkpoint for iteration {iteration}")
@@ -80,6 +81,6 @@ def evaluate_model(
 def run_eval(run: Run, iteration: int, config: Config) -> None:
     """Stage runner: evaluate the checkpoint of ``iteration`` (or the initial policy for -1)."""
     model_dir = evaluated_policy(run, iteration, config)
-    name = "initial" if iteration < 0 else model_dir.name
+    name = INITIAL_VERSION if iteration < 0 else model_dir.name
     rows = evaluate_model(run, config, model_dir, iteration, name)
     write_recorded_table(run, rows, "eval", output_path(run, iteration))

@@ -37,7 +37,6 @@ from schemas import read_table
 from schemas.atomic import atomic_write_text
 from schemas.config import Config
 from schemas.confine import refuse_links_inside
-from schemas.errors import GraftError
 from schemas.jsonfile import load_json
 from schemas.lock import run_lock
 from schemas.manifest import (
@@ -45,7 +44,6 @@ from schemas.manifest import (
     cross_check,
     ensure_run_manifest,
     finish_iteration,
-    forget_rewritten,
     iteration_finished,
     record_file,
     verify_finished,
@@ -54,46 +52,23 @@ from schemas.metrics import metrics_frame
 from schemas.rundir import DERIVED_FILES, STAGE_NAMES, STAGE_OUTPUTS, STAGES, Run
 from schemas.stage_table import STAGE_TABLE
 from stages.cluster import check_executor
-from stages.credit import run_advantage, run_graph, run_solve
 from stages.envs.registry import make_environment
-from stages.evaluate import episode_table, run_eval, summary_rows
+from stages.evaluate import episode_table, summary_rows
+from stages.loop.stage import (  # noqa: F401  (STAGE_RUNNERS, check_runners: re-exported)
+    STAGE_RUNNERS,
+    Prepare,
+    StageRunner,
+    check_runners,
+    run_stage,
+)
 from stages.observe.live_log import TensorBoardLogger, open_logger
-from stages.policy.live_engine import close_engines, engine_released_for_update, release_engines
-from stages.rollout import run_rollout
-from stages.update.launch import loop_update
+from stages.policy.live_engine import close_engines
 from stages.update.retention import prune_checkpoints
-from stages.warmstart.initial import ensure_initial_model
 
-StageRunner = Callable[[Run, int, Config], None]
-
-# The function of each stage of schemas/stage_table.py, in its order: the stages of one iteration and
-# the evaluation that may follow them.
-STAGE_RUNNERS: dict[str, StageRunner] = {
-    "rollout": run_rollout,
-    "graph": run_graph,
-    "solve": run_solve,
-    "advantage": run_advantage,
-    "update": loop_update,  # run_update, or under torchrun with cluster.update_procs > 1
-    "eval": run_eval,
-}
 LOOP_TABLE = "metrics_loop"
 # the tables of each stage the loop checks against each other before resuming an iteration
 STAGE_TABLES: dict[str, tuple[str, ...]] = {s.name: s.tables for s in STAGE_TABLE}
 SECONDS_SIDECAR = ".loop_seconds.json"
-
-
-def check_runners(runners: dict[str, StageRunner]) -> None:
-    """GraftError unless ``runners`` names exactly the stages of the table of stages, in its order."""
-    if tuple(runners) != STAGE_NAMES:
-        missing = [s for s in STAGE_NAMES if s not in runners]
-        extra = [s for s in runners if s not in STAGE_NAMES]
-        raise GraftError(
-            f"stage runners {list(runners)} do not match the table of stages {list(STAGE_NAMES)} "
-            f"(schemas/stage_table.py; without a runner: {missing}, not in the table: {extra})"
-        )
-
-
-check_runners(STAGE_RUNNERS)  # a stage added to the table without a runner stops the import
 
 
 def eval_due(iteration: int, last: int, eval_every: int) -> bool:
@@ -155,8 +130,10 @@ def run_iteration(
     runners: dict[str, StageRunner],
     *,
     evaluate: bool,
+    prepare: Prepare | None = None,
 ) -> IterationResult:
-    """Run the missing stages of one iteration (and its evaluation when ``evaluate``)."""
+    """Run the missing stages of one iteration (and its evaluation when ``evaluate``), each through
+    ``run_stage`` (``prepare``: what makes the initial policy where a stage uses it)."""
     result = IterationResult(iteration)
     folder = run.iter_dir(iteration)
     folder.mkdir(parents=True, exist_ok=True)
@@ -175,15 +152,9 @@ def run_iteration(
                 result.skipped.append(stage)
                 continue
             result.redone[stage] = damage[stage]  # a damaged finished output: run the stage again
-        start = time.perf_counter()
-        if stage in ("update", "eval") and engine_released_for_update(config):
-            release_engines()  # the update (or the evaluation's own engine) gets the memory
-        forget_rewritten(run, iteration, (*STAGE_OUTPUTS[stage], *DERIVED_FILES[stage]))
-        runners[stage](run, iteration, config)
-        if not run.stage_complete(stage, iteration):
-            missing = [str(p) for p in run.output_paths(stage, iteration) if not p.exists()]
-            raise GraftError(f"stage {stage} of iteration {iteration} finished without {', '.join(missing)}")
-        seconds[stage] = time.perf_counter() - start
+        seconds[stage] = run_stage(
+            run, stage, iteration, config, runner=runners[stage], prepare=prepare
+        ).seconds
         result.ran.append(stage)
         atomic_write_text(sidecar, json.dumps(seconds))
     result.seconds = {s: seconds.get(s, 0.0) for s in stages}
@@ -213,14 +184,15 @@ def run_loop(
     *,
     runners: dict[str, StageRunner] | None = None,
     on_iteration: Callable[[IterationResult], None] | None = None,
-    prepare: Callable[[Run, Config], None] | None = None,
+    prepare: Prepare | None = None,
     on_initial_eval: Callable[[float], None] | None = None,
 ) -> list[IterationResult]:
     """Run iterations 0..iters-1 of ``run``, skipping finished ones and finished stages.
 
     ``runners`` (default ``STAGE_RUNNERS``, with the rollout on Ray actors when
     ``cluster.executor = "ray"``) maps each stage to its function; tests pass fakes or wrappers.
-    ``prepare`` (default ``ensure_initial_model``) builds the initial model.
+    ``prepare`` (default ``ensure_initial_model``) builds the initial model where a stage first uses
+    it (``stages.loop.stage.uses_initial_policy``).
     ``on_iteration`` is called after each iteration (the CLI prints its line there), and
     ``on_initial_eval`` with its seconds after the initial policy was evaluated in this call.
     """
@@ -260,7 +232,7 @@ def _run_loop_locked(
     iters: int,
     runners: dict[str, StageRunner] | None,
     on_iteration: Callable[[IterationResult], None] | None,
-    prepare: Callable[[Run, Config], None] | None,
+    prepare: Prepare | None,
     logger: TensorBoardLogger | None = None,
     on_initial_eval: Callable[[float], None] | None = None,
 ) -> list[IterationResult]:
@@ -269,11 +241,10 @@ def _run_loop_locked(
     check_resumable(run, iters)  # before anything reads, prunes or extends the run
     ensure_run_manifest(run)
     prune_checkpoints(run, config.checkpoint)  # a loop killed before pruning catches up here
-    (prepare if prepare is not None else ensure_initial_model)(run, config)
     if config.eval.initial and config.run.eval_every > 0 and not (run.initial_eval_path).is_file():
         # iteration -1 = the initial policy; the eval runner writes <run>/eval.parquet for it
         start = time.perf_counter()
-        runners["eval"](run, -1, config)
+        run_stage(run, "eval", -1, config, runner=runners["eval"], prepare=prepare)
         if run.initial_eval_path.is_file():
             record_file(run, run.initial_eval_path)  # (the eval stage records it already)
         if logger is not None:
@@ -288,7 +259,7 @@ def _run_loop_locked(
         if iteration_finished(run, iteration):
             continue
         due = eval_due(iteration, iters - 1, config.run.eval_every)
-        result = run_iteration(run, iteration, config, runners, evaluate=due)
+        result = run_iteration(run, iteration, config, runners, evaluate=due, prepare=prepare)
         prune_checkpoints(run, config.checkpoint)  # after the iteration's evaluation: it keeps its checkpoint
         if logger is not None:
             logger.log_iteration(run, iteration)

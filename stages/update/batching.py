@@ -243,8 +243,8 @@ def split_sorted(lengths: np.ndarray, max_tokens: int, overhead: int) -> list[in
 
 
 # A forward + backward pass costs about this many padded tokens of work beyond its tokens (call
-# overhead, small-batch kernels): measured on the tiny model, CPU, one thread (BENCHMARKS.md "Update
-# throughput"). It keeps the padding-minimal split from cutting a minibatch into many tiny passes.
+# overhead, small-batch kernels): measured on the tiny model, CPU, one thread (docs/results/speed.md
+# "Update throughput (CPU)"). It keeps the padding-minimal split from cutting a minibatch into many tiny passes.
 MICROBATCH_OVERHEAD_TOKENS = 512
 
 

@@ -22,7 +22,7 @@ verl's clamps: ``d = clamp(ref - logp, -20, 20); k3 = clamp(exp(d) - d - 1, -10,
 
 Clip bounds (``update.clip_low`` / ``update.clip_high``, default 0.2 / 0.2 for both objectives) were
 chosen by measuring the clip fraction (share of rows whose gradient the clip cuts) of the sequence
-ratio on tiny-model updates (BENCHMARKS.md "Update throughput (CPU)", clip table): in ``choose`` mode
+ratio on tiny-model updates (docs/results/speed.md "Update throughput (CPU)", clip table): in ``choose`` mode
 w is a ratio of action probabilities and moves like a token ratio -- eps = 0.2 clips 11-14% of rows
 per iteration (the usual PPO range), eps <= 3e-3 clips 28-46% and stalled learning; with 64-token
 generated responses the geometric mean moves less -- eps = 0.2 clips 3-6% at lr 3e-3 and nothing at
@@ -32,16 +32,20 @@ learning rate or response lengths change.
 The functions return *sums* and unit counts instead of means, so that a minibatch split into
 micro-batches and across ranks divides by the global count once (the caller's job): the gradient is
 then independent of how the minibatch was split.
+
+Objectives live in one registry, ``OBJECTIVES`` (name -> ``Objective``: its terms function together
+with the unit its minibatch mean divides by, rows or response tokens), the way the credit stage's
+estimators do; ``update.objective`` names one. Add one with ``@register_objective(name, unit)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-Objective = Literal["grpo_c", "grpo"]
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 5e8: keeps exp finite; such a ratio is clipped anyway
 
 
@@ -154,8 +158,107 @@ def grpo_token_terms(
     )
 
 
+@dataclass
+class ScoredRows:
+    """What an objective reads of B scored rows (tensors on one device).
+
+    logp / old_logp / mask: (B, R) response-token log-probs under the policy being trained and the
+    behaviour policy, and the response mask; adv (B,); kl_tok (B, R) k3 to the reference or None
+    (beta = 0); choice_log_ratio (B,) log pi(a|s) - log pi_old(a|s) over the choices for choose rows,
+    else None; entropy: the bonus's term with its graph or None -- (B,) per row (choose rows) or
+    (B, R) per token (token rows).
+    """
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    mask: torch.Tensor
+    adv: torch.Tensor
+    kl_tok: torch.Tensor | None = None
+    choice_log_ratio: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+
+
+Unit = Literal["rows", "tokens"]
+TermsFunction = Callable[[ScoredRows, float, float, float, float], LossTerms]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A registered objective: ``terms(rows, clip_low, clip_high, beta, entropy_coef)`` gives its sums,
+    and ``unit`` says what the minibatch mean divides them by (its rows, or its response tokens)."""
+
+    name: str
+    unit: Unit
+    terms: TermsFunction
+
+    def units(self, response_lengths) -> int:  # type: ignore[no-untyped-def]
+        """The minibatch's divisor from its rows' response lengths (a numpy array)."""
+        return len(response_lengths) if self.unit == "rows" else int(response_lengths.sum())
+
+
+OBJECTIVES: dict[str, Objective] = {}
+
+
+def register_objective(name: str, unit: Unit) -> Callable[[TermsFunction], TermsFunction]:
+    """Register ``fn`` as objective ``name`` averaged over ``unit``."""
+
+    def wrap(fn: TermsFunction) -> TermsFunction:
+        OBJECTIVES[name] = Objective(name, unit, fn)
+        return fn
+
+    return wrap
+
+
+def objective(name: str) -> Objective:
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; expected one of {sorted(OBJECTIVES)}") from None
+
+
+@register_objective("grpo_c", "rows")
+def grpo_c(
+    rows: ScoredRows, clip_low: float, clip_high: float, beta: float, entropy_coef: float
+) -> LossTerms:
+    """GRPO-C (Eq. 3-4): the sequence ratio (choose rows: the choice ratio), one term per row."""
+    if rows.choice_log_ratio is not None:
+        log_ratio = rows.choice_log_ratio
+    else:
+        log_ratio = sequence_log_ratio(rows.logp, rows.old_logp, rows.mask)
+    bonus = rows.entropy
+    if bonus is not None and bonus.dim() == 2:  # token rows: the response's mean token entropy
+        m = rows.mask.to(bonus.dtype)
+        bonus = (bonus * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    return grpo_c_terms(
+        log_ratio, rows.adv, rows.kl_tok, rows.mask, clip_low, clip_high, beta, bonus, entropy_coef
+    )
+
+
+@register_objective("grpo", "tokens")
+def grpo_token(
+    rows: ScoredRows, clip_low: float, clip_high: float, beta: float, entropy_coef: float
+) -> LossTerms:
+    """Token-level GRPO (the ablation): a ratio and a term per response token."""
+    bonus = rows.entropy
+    if bonus is not None and bonus.dim() == 1:  # a choose row's one entropy spread over its tokens
+        m = rows.mask.to(bonus.dtype)
+        bonus = bonus.unsqueeze(-1) * m / m.sum(-1, keepdim=True).clamp(min=1.0)
+    return grpo_token_terms(
+        rows.logp,
+        rows.old_logp,
+        rows.adv,
+        rows.kl_tok,
+        rows.mask,
+        clip_low,
+        clip_high,
+        beta,
+        bonus,
+        entropy_coef,
+    )
+
+
 def policy_loss(
-    objective: Objective,
+    objective_name: str,
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     ref_logp: torch.Tensor | None,
@@ -170,12 +273,7 @@ def policy_loss(
     logp/old_logp/ref_logp/mask: (B, R) per response token; adv (B,). Returns (loss, terms).
     """
     kl_tok = k3_kl(logp, ref_logp) if ref_logp is not None and beta != 0.0 else None
-    if objective == "grpo_c":
-        terms = grpo_c_terms(
-            sequence_log_ratio(logp, old_logp, mask), adv, kl_tok, mask, clip_low, clip_high, beta
-        )
-    elif objective == "grpo":
-        terms = grpo_token_terms(logp, old_logp, adv, kl_tok, mask, clip_low, clip_high, beta)
-    else:
-        raise ValueError(f"unknown objective {objective!r}; expected 'grpo_c' or 'grpo'")
+    terms = objective(objective_name).terms(
+        ScoredRows(logp, old_logp, mask, adv, kl_tok), clip_low, clip_high, beta, 0.0
+    )
     return terms.loss_sum / max(terms.units, 1), terms

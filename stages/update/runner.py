@@ -44,7 +44,7 @@ import torch
 from schemas import read_table, write_table
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.initial_model import acting_policy, verify_initial_model
+from schemas.initial_model import acting_policy, verified_initial_policy
 from schemas.metrics import metrics_frame
 from schemas.rundir import Run
 from stages.observe.progress import terminal_progress
@@ -80,12 +80,6 @@ def update_rng(seed: int, iteration: int, purpose: str = "update") -> np.random.
     return derive_rng(seed, iteration, purpose)
 
 
-def reference_dir(run: Run, config: Config) -> Path:
-    """The frozen reference: the initial policy (the warm start's checkpoint, ``model.path`` or the
-    run's own tiny model), verified against the run's manifest (schemas.initial_model)."""
-    return verify_initial_model(run, run.initial_policy_dir(config))
-
-
 def effective_temperature(config: Config) -> float:
     """The rollout temperature the ratios use; greedy rollouts (T <= 0) fall back to T = 1."""
     t = config.rollout.temperature
@@ -101,8 +95,9 @@ class UpdateJob:
     """What every step of one iteration's update reads, built once by ``prepare_update_job``.
 
     ``steps``: the iteration's steps table (read from ``steps_path``); ``rows``: its rows joined with
-    their advantages, tokenized; ``policy_path``: the policy being trained (``acting_policy``);
-    ``reference_path``: the frozen reference (``reference_dir``); ``temperature``: the temperature the
+    their advantages, tokenized; ``policy_path`` and ``version``: the policy being trained and its
+    ``policy_version``, as ``acting_policy`` gives them; ``reference_path``: the frozen reference
+    (``verified_initial_policy``); ``temperature``: the temperature the
     ratios use (``effective_temperature``). Not compared (``eq=False``): it holds tables and a model's
     tokenizer."""
 
@@ -114,6 +109,7 @@ class UpdateJob:
     steps_path: Path
     rows: UpdateRows
     policy_path: Path
+    version: str
     reference_path: Path
     tokenizer: Any
     temperature: float
@@ -133,7 +129,7 @@ def prepare_update_job(run: Run, iteration: int, config: Config, ctx: DistContex
     steps, joined = read_training_rows(run, iteration)
     if config.update.skip_flat_groups:
         joined = drop_flat_groups(joined)
-    policy_path = acting_policy(run, iteration, config, "update")[0]
+    policy_path, version = acting_policy(run, iteration, config, "update")
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     rows = build_update_rows(joined, token_encoder(tokenizer), source=str(steps_path))
     return UpdateJob(
@@ -145,7 +141,8 @@ def prepare_update_job(run: Run, iteration: int, config: Config, ctx: DistContex
         steps_path=steps_path,
         rows=rows,
         policy_path=policy_path,
-        reference_path=reference_dir(run, config),
+        version=version,
+        reference_path=verified_initial_policy(run, config),
         tokenizer=tokenizer,
         temperature=effective_temperature(config),
     )
@@ -233,9 +230,9 @@ def reference_logprobs(job: UpdateJob, policy_scores: RowLogProbs | None = None)
 
 
 def policy_version(job: UpdateJob) -> str:
-    """The ``policy_version`` the rollout stage writes for rows acted by the policy being trained
-    (stages/rollout/): the checkpoint directory's name, or "initial" for the initial model."""
-    return "initial" if job.is_reference else job.policy_path.name
+    """The ``policy_version`` the rollout stage writes for rows acted by the policy being trained: the
+    one ``acting_policy`` gave (the checkpoint directory's name, or ``INITIAL_VERSION``)."""
+    return job.version
 
 
 def stored_logprobs_usable(rows: UpdateRows, config: Config, version: str, steps: pl.DataFrame) -> bool:

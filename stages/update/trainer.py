@@ -40,7 +40,7 @@ from stages.update.logprobs import (
     scores_from_flat,
     selected_log_probs,
 )
-from stages.update.loss import LossTerms, grpo_c_terms, grpo_token_terms, k3_kl, sequence_log_ratio
+from stages.update.loss import LossTerms, Objective, ScoredRows, k3_kl, objective
 
 
 @dataclass
@@ -318,6 +318,7 @@ def train_policy(
     if cfg.beta != 0.0 and ref is None:
         raise ValueError("beta != 0 needs reference log-probs")
     result = TrainResult(global_step=global_step)
+    loss_fn = objective(cfg.objective)
     world = ctx.world_size
     response_lengths = rows.response_lengths
     schedule = minibatch_schedule(rows.n, cfg.minibatch_size, cfg.epochs, rng)
@@ -330,7 +331,7 @@ def train_policy(
         epoch, mb_index = divmod(step_i, per_epoch)
         t0 = time.perf_counter()
         n_rows = len(minibatch)
-        denom = n_rows if cfg.objective == "grpo_c" else int(response_lengths[minibatch].sum())
+        denom = loss_fn.units(response_lengths[minibatch])
         mine, n_micro = _plans(rows, minibatch, ctx, cfg.max_tokens_per_batch, as_tokens=False)
         # sums: policy, kl, units, clipped, ratio, entropy, entropy tokens, input tokens, bonus entropy
         stats = torch.zeros(9, dtype=torch.float64, device=device)
@@ -347,7 +348,7 @@ def train_policy(
                 )
                 if real and step_i == 0 and fill:
                     _old_from_scores(s, mb, old, fill)
-                terms = _terms(s, rows, mb, old, ref, cfg, device)
+                terms = _terms(loss_fn, s, rows, mb, old, ref, cfg, device)
                 weight = world / denom if real else 0.0
                 (terms.loss_sum * weight).backward()
             if not real:
@@ -445,6 +446,7 @@ def _old_from_scores(s: Scored, mb: MicroBatch, old: RowLogProbs, fill: set[int]
 
 
 def _terms(
+    loss_fn: Objective,
     s: Scored,
     rows: UpdateRows,
     mb: MicroBatch,
@@ -453,30 +455,24 @@ def _terms(
     cfg: UpdateConfig,
     device: torch.device,
 ) -> LossTerms:
-    """The objective's sums for one scored micro-batch."""
+    """The registered objective's sums for one scored micro-batch."""
     idx = mb.rows
     width = s.logp.shape[1]
-    adv = torch.as_tensor(rows.advantage[idx], dtype=torch.float32, device=device)
     logp = s.logp.float()
     kl_tok = None
     if ref is not None and cfg.beta != 0.0:
         kl_tok = k3_kl(logp, pad_rows([ref[i] for i in idx], width, device))
-    old_tok = pad_rows([old.tokens[i] for i in idx], width, device)
-    bonus = s.bonus_entropy.float() if s.bonus_entropy is not None else None
-    if cfg.objective == "grpo":
-        if bonus is not None and bonus.dim() == 1:  # a choose row's one entropy on each of its tokens
-            bonus = bonus.unsqueeze(-1) * s.mask / s.mask.sum(-1, keepdim=True).clamp(min=1)
-        return grpo_token_terms(
-            logp, old_tok, adv, kl_tok, s.mask, cfg.clip_low, cfg.clip_high, cfg.beta, bonus, cfg.entropy_coef
-        )
+    choice_log_ratio = None
     if s.choice_logp is not None:
         old_choice = torch.as_tensor(old.choice[idx], dtype=torch.float32, device=device)
-        log_ratio = s.choice_logp.float() - old_choice
-    else:
-        log_ratio = sequence_log_ratio(logp, old_tok, s.mask)
-        if bonus is not None:  # the row's mean token entropy
-            m = s.mask.to(bonus.dtype)
-            bonus = (bonus * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-    return grpo_c_terms(
-        log_ratio, adv, kl_tok, s.mask, cfg.clip_low, cfg.clip_high, cfg.beta, bonus, cfg.entropy_coef
+        choice_log_ratio = s.choice_logp.float() - old_choice
+    scored = ScoredRows(
+        logp=logp,
+        old_logp=pad_rows([old.tokens[i] for i in idx], width, device),
+        mask=s.mask,
+        adv=torch.as_tensor(rows.advantage[idx], dtype=torch.float32, device=device),
+        kl_tok=kl_tok,
+        choice_log_ratio=choice_log_ratio,
+        entropy=s.bonus_entropy.float() if s.bonus_entropy is not None else None,
     )
+    return loss_fn.terms(scored, cfg.clip_low, cfg.clip_high, cfg.beta, cfg.entropy_coef)

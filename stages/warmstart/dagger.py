@@ -3,8 +3,10 @@ and Structured Prediction to No-Regret Online Learning"): the clone plays, the e
 
 Behaviour cloning only ever trains on the states the demos visit; a clone that errs reaches states no
 demo shows and errs again there (compounding error). Measured on ``configs/household_long.toml``: the
-DART-noised warm start wrote an inadmissible action on 22% of the turns after a valid turn and 45%
-after an invalid one (BENCHMARKS.md "Warm-start measurements"). A DAgger round closes that gap:
+DART-noised warm start wrote another inadmissible action after 71% of its invalid turns against 29%
+after a valid one (docs/results/learning-household.md "Warm-start measurements for v2"); DAgger lowered
+the invalid rate by about a third (same file, "Warm-start measurements for v3"). A DAgger round
+closes that gap:
 
     D_0 = demos;  π_0 = BC(D_0)
     round r = 1..R:  τ ~ π_{r-1} (generate mode, rollout temperature);

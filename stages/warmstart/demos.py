@@ -19,7 +19,7 @@ to recover rather than to act at random. So on a noisy turn ``action`` (what was
 credit stages read) differs from the action in ``response`` (the warm start's label). Measured on
 ``configs/household_long.toml``: cloning the executed noisy actions left generate-mode invalid rates of
 0.39–0.58 and no success; noise-free demos 0.89–0.95 (the policy never saw a state off the expert's
-path); see BENCHMARKS.md "Learning: long-horizon household".
+path); see docs/results/learning-household.md "Warm-start measurements that fixed the v1 config".
 
 ``think`` is a fixed template naming the kind of step the action is (its first word, e.g. ``go``, ``take``, ``heat``; ``search`` /
 ``answer`` for search). Why a template and not a free-text plan: the tiny policy only has to learn
@@ -38,9 +38,9 @@ leaves the world as it was; its response, as on every noisy turn, is the expert'
 the following turns show the recovery. A turn with no such action (the first) stays the expert's.
 
 Kept noise (``keep_noise``): DART labels make the warm start an expert copy; with invalid-turn noise
-it succeeded in 91% of the long benchmark's training episodes on seed 0 (BENCHMARKS.md), leaving RL
-nothing to show. With probability ``keep_noise`` a random turn keeps its own action as its label
-(plain noise), so the clone is a partly random but valid policy — the CPU analogue of an instruct
+it succeeded in 91% of the long benchmark's training episodes on seed 0
+(docs/results/learning-household.md "Warm-start measurements for v2"), leaving RL nothing to show.
+With probability ``keep_noise`` a random turn keeps its own action as its label (plain noise), so the clone is a partly random but valid policy — the CPU analogue of an instruct
 model that follows the format and lists admissible actions but is no expert. Invalid turns are never
 kept (the clone must not learn to write them).
 

@@ -1,6 +1,8 @@
 """The initial policy of a run, built from the config: ``model.path`` or the tiny model, then the warm
 start cloned from it. Which policy acts in an iteration is ``schemas.initial_model.acting_policy``,
-which builds nothing: the commands that prepare a run call ``ensure_initial_model`` first."""
+which builds nothing: ``stages.loop.stage.run_stage`` calls ``ensure_initial_model`` before a stage
+that uses the initial policy (one rule, ``uses_initial_policy``), and ``graft sft`` makes it on its
+own."""
 
 from __future__ import annotations
 

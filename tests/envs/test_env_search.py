@@ -7,7 +7,6 @@ import json
 import pytest
 
 from schemas.errors import GraftError
-from stages.envs import make_search_data
 from stages.envs.base import Episode
 from stages.envs.parser import parse_response
 from stages.envs.prompts import build_prompt
@@ -20,6 +19,7 @@ from stages.envs.search import (
     normalize_answer,
 )
 from tests.helpers.paths import SHARED_DATA
+from tools import make_search_data
 
 HOTPOTQA = SHARED_DATA / "hotpotqa"
 

@@ -364,7 +364,7 @@ def test_graft_eval_reproduces_the_loops_evaluation(reference_run: Path, tmp_pat
 
 
 def test_graft_eval_of_iteration_minus_one_is_the_initial_policy_like_the_loops(tmp_path: Path) -> None:
-    from graft_cli.commands.loop import resolve_eval_target
+    from stages.evaluate.target import resolve_eval_target
 
     run = create_run(tmp_path / "run", Config())
     expected = (-1, run.initial_model_dir, "initial", run.root / "eval.parquet")

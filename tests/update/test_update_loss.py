@@ -227,3 +227,21 @@ def test_response_log_probs_equal_naive_forward_with_temperature():
         assert logp[b, : len(r)].tolist() == pytest.approx(_naive_token_logprobs(model, p, r, 0.8), abs=1e-5)
         assert mask[b].tolist() == [k < len(r) for k in range(3)]
     assert torch.all(entropy[mask] > 0) and torch.all(entropy[~mask] == 0)
+
+
+def test_objectives_are_registered_with_the_unit_their_mean_divides_by():
+    """One place per objective: its terms and its aggregation (rows for GRPO-C, tokens for GRPO)."""
+    import numpy as np
+
+    from stages.update.loss import OBJECTIVES, ScoredRows, objective
+
+    assert {name: o.unit for name, o in OBJECTIVES.items()} == {"grpo_c": "rows", "grpo": "tokens"}
+    lengths = np.array(LENS)
+    assert objective("grpo_c").units(lengths) == 4 and objective("grpo").units(lengths) == sum(LENS)
+    logp, old, _, mask, adv = _tensors()
+    rows = ScoredRows(logp, old, mask, adv)
+    for name in OBJECTIVES:
+        terms = objective(name).terms(rows, CLIP_LOW, CLIP_HIGH, 0.0, 0.0)
+        assert terms.units == objective(name).units(lengths)
+    with pytest.raises(ValueError, match="unknown objective"):
+        objective("ppo")

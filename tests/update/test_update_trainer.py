@@ -198,6 +198,7 @@ def test_choose_ratio_equals_probability_ratio_over_choices():
     """w = pi_theta(a|s) / pi_old(a|s) with pi = softmax(mean token log-prob / T) (naive reference)."""
     from stages.update.batching import MicroBatch
     from stages.update.distributed import DistContext
+    from stages.update.loss import objective
     from stages.update.trainer import _terms, score_all_rows, score_microbatch
 
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
@@ -210,7 +211,14 @@ def test_choose_ratio_equals_probability_ratio_over_choices():
     with torch.no_grad():
         s = score_microbatch(new_model, rows, MicroBatch(np.arange(2), True), t)
         terms = _terms(
-            s, rows, MicroBatch(np.arange(2), True), old, None, UpdateConfig(beta=0.0), torch.device("cpu")
+            objective("grpo_c"),
+            s,
+            rows,
+            MicroBatch(np.arange(2), True),
+            old,
+            None,
+            UpdateConfig(beta=0.0),
+            torch.device("cpu"),
         )
 
     def naive_pi(model, p, cs, chosen):
@@ -504,14 +512,14 @@ def test_update_job_computes_the_reference_once_and_holds_what_the_steps_derived
 
     run, config = make_run(tmp_path, "mixed")
     config.rollout.temperature = 0.0  # greedy rollouts: the ratios use T = 1
-    real = runner.reference_dir
+    real = runner.verified_initial_policy
     calls = []
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "reference_dir", counted)
+    monkeypatch.setattr(runner, "verified_initial_policy", counted)
     ctx = DistContext()
     job = runner.prepare_update_job(run, 0, config, ctx)
     assert calls == [1]
@@ -520,7 +528,7 @@ def test_update_job_computes_the_reference_once_and_holds_what_the_steps_derived
     assert job.steps.equals(run.read(0, "steps"))
     assert job.policy_path == acting_policy(run, 0, config, "update")[0] == run.initial_model_dir
     assert job.reference_path == real(run, config) == run.initial_model_dir
-    assert job.is_reference and runner.policy_version(job) == "initial"
+    assert job.is_reference and runner.policy_version(job) == job.version == "initial"
     assert job.temperature == runner.effective_temperature(config) == 1.0
     tok = make_tokenizer()
     rows = build_update_rows(

@@ -377,17 +377,16 @@ def test_after_a_short_warm_start_generate_mode_writes_valid_actions(warm_run: P
 
 @pytest.mark.slow
 def test_the_warm_start_is_the_initial_policy_and_kl_reference(warm_run: Path) -> None:
-    from schemas.initial_model import acting_policy
+    from schemas.initial_model import acting_policy, verified_initial_policy
     from stages.evaluate import evaluated_policy
-    from stages.update.runner import reference_dir
 
     run = open_run(warm_run)
     config = run.load_config()
     assert acting_policy(run, 0, config, "rollout") == (run.sft_model_dir, "initial")
-    assert reference_dir(run, config) == run.sft_model_dir
+    assert verified_initial_policy(run, config) == run.sft_model_dir
     assert evaluated_policy(run, -1, config) == run.sft_model_dir
     plain = run.load_config(["sft.enabled=false"])
-    assert reference_dir(run, plain) == run.initial_model_dir
+    assert verified_initial_policy(run, plain) == run.initial_model_dir
 
 
 def _killed_sft(run_dir: str) -> None:  # runs in a forkserver child

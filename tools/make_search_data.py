@@ -1,6 +1,6 @@
 """Generate the shipped multi-hop QA set for the ``search`` environment (fictional entities).
 
-    python -m stages.envs.make_search_data [OUT_DIR]   # default: stages/envs/data/multihop
+    python -m tools.make_search_data [OUT_DIR]   # default: stages/envs/data/multihop
 
 Deterministic from ``SEED``: a small world of people, cities, novels, films, companies and products,
 one passage per entity (``corpus.jsonl``), and 200 questions (``questions.jsonl``) in HotpotQA's
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 SEED = 20261129
-OUT = Path(__file__).parent / "data" / "multihop"
+OUT = Path(__file__).resolve().parents[1] / "stages" / "envs" / "data" / "multihop"
 
 ONSETS = (
     "b",
