@@ -173,6 +173,12 @@ def main() -> None:
     (128 + SIGPIPE, as ``yes | head -1``) wherever it is noticed: in a command, in click's own output
     (``--help``: click exits 1 on EPIPE), or when Python flushes stdout at exit."""
     warnings.showwarning = _show_warning
+    if sys.stdout is None:
+        # started with stdout closed (``graft ... >&-``): Python then has no sys.stdout, and the next
+        # file graft opens would take descriptor 1. Refused before the command runs, as coreutils'
+        # ``ls >&-`` says "write error: Bad file descriptor"
+        print("error: stdout: write error: Bad file descriptor (stdout is closed)", file=sys.stderr)
+        sys.exit(GraftError.exit_code)
     try:
         code = app()
     except SystemExit as exc:

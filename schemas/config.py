@@ -14,12 +14,13 @@ import re
 import tomllib
 import types
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from schemas.errors import GraftError
+from schemas.errors import GraftError, GraftWarning
 
 # Every setting has a tier, marked where it is defined (``setting(default, TIER)``) and shown by
 # ``graft schema config``; docs/options.md lists the experimental and legacy ones with the
@@ -63,6 +64,39 @@ def check_seed(seed: int, option: str = "--seed") -> None:
     """A command-line seed in the range every setting's seed has (one clear line otherwise)."""
     if not SEED_RULE[0](seed):
         raise GraftError(f"{option} {seed}: {SEED_RULE[1]}")
+
+
+# The estimators graft ships (stages/credit/advantage registers each under this name; a test keeps the two
+# equal). ``advantage.estimator`` is checked against them -- and against names registered from Python
+# (``stages.credit.advantage.register`` calls ``allow_estimator``) -- with every other key, before a
+# run is created: an unknown name is refused before anything is written, and by ``graft schema config``.
+BUILTIN_ESTIMATORS = ("graft", "graphmc", "gigpo", "graphgpo", "grpo", "rloo", "rtmc", "salt")
+_REGISTERED_ESTIMATORS: set[str] = set()
+
+
+def allow_estimator(name: str) -> None:
+    """Make ``name`` a valid ``advantage.estimator`` (an estimator registered from Python)."""
+    _REGISTERED_ESTIMATORS.add(name)
+
+
+def known_estimators() -> list[str]:
+    return sorted(set(BUILTIN_ESTIMATORS) | _REGISTERED_ESTIMATORS)
+
+
+_ESTIMATOR_RULE: Rule = (
+    lambda v: v in BUILTIN_ESTIMATORS or v in _REGISTERED_ESTIMATORS,
+    "must be a registered estimator: " + ", ".join(BUILTIN_ESTIMATORS) + " (or one registered from Python)",
+)
+# Graph GAE's settings: only the graft estimator reads them; another estimator with one of them set
+# away from its default gets a warning that the value changes nothing
+GAE_KEYS = ("gae", "lam", "gae_horizon")
+GAE_ESTIMATORS = ("graft",)
+# Upper bounds on the tiny model's shape: it is a test and quickstart policy; beyond these a typo
+# (``--hidden 1000000000``) would ask the allocator for terabytes
+TINY_MAX_HIDDEN = 4096
+TINY_MAX_LAYERS = 64
+TINY_MAX_HEADS = 64
+TINY_MAX_VOCAB_TASKS = 100_000
 
 
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -144,14 +178,14 @@ class ModelConfig:
     """The policy model: a local Hugging Face directory, or a tiny one built by ``graft init-model``."""
 
     path: str = setting("", DEFAULT)  # "" = build the tiny model into <run>/model on first use
-    tiny_hidden: int = setting(64, DEFAULT, rule=_at_least(1))
-    tiny_layers: int = setting(2, DEFAULT, rule=_at_least(1))
+    tiny_hidden: int = setting(64, DEFAULT, rule=_within(8, TINY_MAX_HIDDEN))
+    tiny_layers: int = setting(2, DEFAULT, rule=_within(1, TINY_MAX_LAYERS))
     # 2 heads of 32 units: vLLM's CPU attention needs a head size of at least 32 (16 is refused)
-    tiny_heads: int = setting(2, DEFAULT, rule=_at_least(1))
+    tiny_heads: int = setting(2, DEFAULT, rule=_within(1, TINY_MAX_HEADS))
     # tasks per split (train, eval) played to collect the tiny tokenizer's vocabulary; 0 = the
     # environment's own default (household 150, others DEFAULT_TINY_VOCAB_TASKS)
     # range: 0 = the environment's default
-    tiny_vocab_tasks: int = setting(0, DEFAULT, rule=_at_least(0))
+    tiny_vocab_tasks: int = setting(0, DEFAULT, rule=_within(0, TINY_MAX_VOCAB_TASKS))
     trust_remote_code: bool = setting(False, DEFAULT)
     # auto = float32 on CPU, bf16 on GPU
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting("auto", DEFAULT)
@@ -225,7 +259,7 @@ class SolveConfig:
 class AdvantageConfig:
     """Step credit (docs/design.md §4 Advantage and Baselines)."""
 
-    estimator: str = setting("graft", PAPER)
+    estimator: str = setting("graft", PAPER, rule=_ESTIMATOR_RULE)
     gae: Literal["graph", "trajectory", "none"] = setting(
         "graph", PAPER, others={"trajectory": EXPERIMENTAL, "none": PAPER}
     )
@@ -604,25 +638,29 @@ def _parse_literal(text: str) -> Any:
         return text
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Apply ``a.b=c`` strings to a nested dict (in place) and return it."""
+def apply_overrides(
+    data: dict[str, Any], overrides: list[str] | tuple[str, ...], flag: str = "--set"
+) -> dict[str, Any]:
+    """Apply ``a.b=c`` strings to a nested dict (in place) and return it; ``flag``: the option the
+    strings came from, named in an error (``--set``, ``init-model --option``)."""
     for item in overrides:
         try:
             item.encode("utf-8")
         except UnicodeEncodeError:  # undecodable bytes on the command line arrive as surrogates
             shown = item.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
-            raise GraftError(f"--set '{shown}': not valid UTF-8 text") from None
+            raise GraftError(f"{flag} '{shown}': not valid UTF-8 text") from None
         if "=" not in item:
-            raise GraftError(f"--set '{item}': expected KEY=VALUE, e.g. --set solve.gamma=0.95")
+            example = "solve.gamma=0.95" if flag == "--set" else "seed=3"
+            raise GraftError(f"{flag} '{item}': expected KEY=VALUE, e.g. {flag} {example}")
         key, raw = item.split("=", 1)
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
-            raise GraftError(f"--set '{item}': empty key")
+            raise GraftError(f"{flag} '{item}': empty key")
         node = data
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise GraftError(f"--set '{item}': '{part}' is not a table")
+                raise GraftError(f"{flag} '{item}': '{part}' is not a table")
         node[parts[-1]] = _parse_literal(raw.strip())
     return data
 
@@ -637,6 +675,7 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
             f"{source}: config key 'model.tiny_hidden' = {config.model.tiny_hidden} is invalid; it must be a "
             f"multiple of model.tiny_heads = {config.model.tiny_heads} (each head gets hidden / heads units)"
         )
+    _warn_ignored_gae(config.advantage, source)
     if config.graph.time_key and config.graph.canonicalize != "exact":
         raise GraftError(
             f"{source}: config key 'graph.time_key' = true needs graph.canonicalize = 'exact' "
@@ -653,6 +692,23 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
             f"{source}: config key 'cluster.address' = {address!r} is invalid; the port must be in [1, 65535]"
         )
     return config
+
+
+def _warn_ignored_gae(advantage: AdvantageConfig, source: str) -> None:
+    """A GraftWarning for each Graph GAE setting changed from its default while the estimator does not
+    read it (``graphmc`` has no GAE tail: ``advantage.gae``/``lam`` would change nothing)."""
+    if advantage.estimator in GAE_ESTIMATORS or advantage.estimator not in BUILTIN_ESTIMATORS:
+        return
+    defaults = AdvantageConfig()
+    for key in GAE_KEYS:
+        value = getattr(advantage, key)
+        if value != getattr(defaults, key):
+            warnings.warn(
+                f"{source}: advantage.{key} = {value!r} is ignored by advantage.estimator = "
+                f"{advantage.estimator!r} (only {', '.join(GAE_ESTIMATORS)} reads {', '.join(GAE_KEYS)})",
+                GraftWarning,
+                stacklevel=2,
+            )
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

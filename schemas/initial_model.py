@@ -22,7 +22,14 @@ from schemas.atomic import atomic_write_text
 from schemas.config import Config
 from schemas.definitions import INITIAL_VERSION
 from schemas.errors import GraftError
-from schemas.manifest import MANIFEST_FILE, acting_checkpoint, ensure_run_manifest, run_manifest, sha256
+from schemas.manifest import (
+    MANIFEST_FILE,
+    acting_checkpoint,
+    ensure_run_manifest,
+    refuse_lost_root_record,
+    run_manifest,
+    sha256,
+)
 from schemas.rundir import Run
 from schemas.verified import known_intact
 
@@ -77,7 +84,9 @@ def _recorded(run: Run, folder: Path) -> dict[str, Any] | None:
 
 def verify_initial_model(run: Run, folder: Path, context: str = "") -> Path:
     """``folder`` when it is what the run's manifest records of it (or the run records nothing of it,
-    a run from before the record); a GraftError naming the first differing file otherwise."""
+    a run from before the record); a GraftError naming the first differing file otherwise. A record
+    that finished iterations were made with and that is gone is refused, not read as "from before"."""
+    refuse_lost_root_record(run, context)
     record = _recorded(run, folder)
     if record is not None:
         damage = _damage(run, folder, record)
@@ -89,6 +98,7 @@ def verify_initial_model(run: Run, folder: Path, context: str = "") -> Path:
 def verify_recorded_models(run: Run, context: str = "") -> None:
     """Every model the run's manifest records is what it recorded (``verify_initial_model``); for a
     caller without the run's config (a stage's ``--force`` before it removes anything)."""
+    refuse_lost_root_record(run, context)
     data = run_manifest(run)
     models = data.get(MODELS_KEY) if data is not None else None
     for key in sorted(models) if isinstance(models, dict) else []:
@@ -98,7 +108,8 @@ def verify_recorded_models(run: Run, context: str = "") -> None:
 
 def record_initial_models(run: Run, config: Config) -> None:
     """Record the run's initial models in its manifest (a writer holding the run's lock); one recorded
-    before is verified instead."""
+    before is verified instead. A lost record is refused, never made again from the models there now."""
+    refuse_lost_root_record(run)
     for folder in initial_models(run, config):
         if not folder.is_dir():
             continue

@@ -10,9 +10,11 @@ the stamp and schema checks.) Costs about nothing: CRC-32 of the compressed page
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import polars as pl
 import pyarrow as pa
@@ -102,20 +104,59 @@ def write_table(data: pl.DataFrame | pa.Table, table: str, path: str | Path) -> 
     """
     path = Path(path)
     arrow = conform(data, table, source=str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        stamped = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), CHECKSUM_KEY: PAGE_CRC})
-        pq.write_table(stamped, tmp_name, compression="zstd", write_page_checksum=True)
-        publish_mode(tmp_name)
-        with open(tmp_name, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    stamped = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), CHECKSUM_KEY: PAGE_CRC})
+    write_in_folder(
+        path, lambda fh: pq.write_table(stamped, fh, compression="zstd", write_page_checksum=True)
+    )
     return path
+
+
+_TEMP_LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789_"  # tempfile's: removers match 8 of them
+
+
+def write_in_folder(path: Path, fill: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` atomically: ``fill`` writes a temporary sibling ``.<name>.<8 letters>.tmp``
+    (created exclusively, never through a link), which is synced and renamed into place.
+
+    Inside a run this process holds the lock of, the folder is opened from the run's root without
+    following a link (schemas.confine.open_run_folder: a link on the way is a GraftError), and the
+    file is created and renamed relative to that open folder, so a link swapped in meanwhile leads
+    nowhere. Elsewhere (an output folder the user named) it works by path as before."""
+    import secrets
+
+    from schemas.confine import open_run_folder
+
+    folder_fd = open_run_folder(path.parent, create=True)
+    if folder_fd is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        folder_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(100):
+            name = f".{path.name}.{''.join(secrets.choice(_TEMP_LETTERS) for _ in range(8))}.tmp"
+            try:
+                fd = os.open(
+                    name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder_fd
+                )
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"{path.parent}: no free temporary name for {path.name}")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fill(fh)
+                fh.flush()
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fh.fileno(), 0o666 & ~umask)  # publish_mode's permissions, on the open file
+                os.fsync(fh.fileno())
+            os.replace(name, path.name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=folder_fd)
+            raise
+    finally:
+        os.close(folder_fd)
 
 
 def read_table(path: str | Path, table: str, *, require_stamp: bool = True) -> pl.DataFrame:

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from schemas.confine import refuse_links_out
+from schemas.confine import hold_run, refuse_links_out, release_run
 from schemas.errors import GraftError
 
 LOCK_FILE = ".lock"
@@ -57,9 +57,11 @@ def run_lock(root: str | Path, *, shared: bool = False) -> Iterator[None]:
                 "wait for it to finish"
             ) from None
         _HELD[key] = (fh, 1, shared)
+        hold_run(path)  # from now on every write into the run is checked for links (schemas.confine)
         try:
             yield
         finally:
+            release_run(path)
             del _HELD[key]
     finally:
         fh.close()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ import polars as pl
 
 from schemas import read_table, write_table
 from schemas.atomic import atomic_write_text
+from schemas.confine import refuse_links_inside
 from schemas.errors import GraftError
 from schemas.integrity import (
     CHECKPOINT_MARKER,
@@ -233,13 +235,98 @@ def run_manifest(run: Run) -> dict[str, Any] | None:
     return data
 
 
+ROOT_RECORD_KEY = "root"  # an iteration manifest's list of the run manifest's records it was made with
+# the run's initial models (schemas.initial_model), its sealed config (schemas.run_config), its identity
+ROOT_RECORDS = ("models", "config", "run_id", "finished")
+RUN_ID_KEY = "run_id"  # a random identity of the run, repeated by each iteration's manifest
+# the iterations the loop finished (added after the done-marker is in place, dropped by --force before
+# it removes one): a finished iteration deleted or replaced by a link is refused, not read as never run
+FINISHED_KEY = "finished"
+
+
+def recorded_finished(run: Run) -> list[int]:
+    data = run_manifest(run)
+    listed = data.get(FINISHED_KEY) if data is not None else None
+    return sorted(i for i in listed if isinstance(i, int)) if isinstance(listed, list) else []
+
+
+def _write_finished(run: Run, iterations: set[int]) -> None:
+    data = ensure_run_manifest(run)
+    if data.get(FINISHED_KEY) != sorted(iterations):
+        data[FINISHED_KEY] = sorted(iterations)
+        atomic_write_text(run.root / MANIFEST_FILE, json.dumps(data, indent=2, sort_keys=True))
+
+
+def forget_finished(run: Run, from_iteration: int) -> None:
+    """Before ``--force`` removes the done-marker of ``from_iteration`` or later ones: they leave the
+    run's record of finished iterations first (a kill in between leaves finished iterations that are
+    not recorded, which is fine; never recorded ones that are gone)."""
+    if run_manifest(run) is not None and FINISHED_KEY in (run_manifest(run) or {}):
+        _write_finished(run, {i for i in recorded_finished(run) if i < from_iteration})
+
+
+def missing_finished_damage(run: Run) -> Damage | None:
+    """A finished iteration the run's manifest records whose folder is gone, is a link, or lost its
+    done-marker."""
+    for i in recorded_finished(run):
+        folder = run.iter_dir(i)
+        if folder.is_symlink() or not (folder / DONE_MARKER).is_file():
+            what = "a symlink" if folder.is_symlink() else "missing"
+            return Damage(
+                folder / DONE_MARKER,
+                f"{what}, but the run's manifest records iteration {i} as finished",
+                "rollout",
+            )
+    return None
+
+
+def root_record_damage(run: Run) -> Damage | None:
+    """The run's manifest, or one of its records (``models``, ``config``), missing while a finished
+    iteration's manifest says it was made with it (its ``root`` list): the run's root record is lost
+    (deleted, or the key removed). Refused like any damage, never recreated from what is there now
+    (a swapped initial model would be recorded as the run's own)."""
+    needed: set[str] = set()
+    for i in run.iterations():
+        if not (run.iter_dir(i) / MANIFEST_FILE).is_file():
+            continue
+        manifest = load_manifest(run.iter_dir(i))
+        listed = manifest.get(ROOT_RECORD_KEY) if manifest is not None else None
+        if isinstance(listed, list):
+            needed |= {str(key) for key in listed}
+    if not needed:
+        return None
+    path = run.root / MANIFEST_FILE
+    data = run_manifest(run)
+    if data is None:
+        return Damage(path, "missing, but the run's finished iterations were recorded with it", None)
+    lost = sorted(key for key in needed if key not in data)
+    if lost:
+        return Damage(
+            path, f"has lost its record of {', '.join(repr(k) for k in lost)}, which the run's finished "
+            "iterations were recorded with", None,
+        )  # fmt: skip
+    return None
+
+
+def refuse_lost_root_record(run: Run, context: str = "") -> None:
+    """GraftError (one line) when ``root_record_damage`` finds the run's root record lost."""
+    damage = root_record_damage(run)
+    if damage is not None:
+        raise GraftError(
+            f"{damage.path}: {damage.what}; restore it (nothing in the run can be checked without it), "
+            f"or start a new run{context}"
+        )
+
+
 def ensure_run_manifest(run: Run) -> dict[str, Any]:
     """The run's manifest, created when missing: iterations from the one after the last finished
     iteration without a manifest (a run from before manifests) on record one; the tables at the top of
-    the run are recorded as they are."""
+    the run are recorded as they are. A manifest that finished iterations were recorded with is never
+    recreated (``refuse_lost_root_record``)."""
     data = run_manifest(run)
     if data is not None:
         return data
+    refuse_lost_root_record(run)
     unrecorded = [
         i
         for i in run.iterations()
@@ -251,6 +338,7 @@ def ensure_run_manifest(run: Run) -> dict[str, Any]:
     )
     data = {
         "version": MANIFEST_VERSION,
+        RUN_ID_KEY: uuid.uuid4().hex,
         "iterations_from": min([max(unrecorded) + 1 if unrecorded else 0, *repeated]),
         "files": {p.name: _entry(p) for p in _root_tables(run)},  # as they are: from before manifests
     }
@@ -337,6 +425,25 @@ def number_damage(path: Path, recorded: Any, iteration: int, what: str) -> Damag
     )
 
 
+def run_identity(run: Run) -> str | None:
+    data = run_manifest(run)
+    value = data.get(RUN_ID_KEY) if data is not None else None
+    return value if isinstance(value, str) else None
+
+
+def other_run_damage(run: Run, path: Path, manifest: dict[str, Any]) -> Damage | None:
+    """An iteration's manifest that records another run's identity than the run's manifest (a
+    finished iteration copied from another run, consistent in itself); None when either records none
+    (manifests from before the identity)."""
+    theirs, ours = manifest.get(RUN_ID_KEY), run_identity(run)
+    if theirs is None or ours is None or theirs == ours:
+        return None
+    return Damage(
+        path, f"records another run ({RUN_ID_KEY} {str(theirs)[:12]}, this run's is {ours[:12]}): the "
+        "iteration was copied from another run", "rollout",
+    )  # fmt: skip
+
+
 def load_manifest(folder: Path) -> dict[str, Any] | None:
     """An iteration's manifest, or None when it cannot be read."""
     data = _read_json(folder / MANIFEST_FILE)
@@ -365,6 +472,7 @@ def iteration_damage(
         if leftover is None or leftover.get("version", 1) < MANIFEST_VERSION:
             return None
         wrong = number_damage(target, leftover.get("iteration"), iteration, "another iteration's manifest")
+        wrong = wrong or other_run_damage(run, target, leftover)
         if wrong is not None:
             return wrong
         for name, entry in sorted(leftover["files"].items()):
@@ -382,6 +490,7 @@ def iteration_damage(
     if manifest is None:
         return Damage(target, "unreadable manifest", "rollout")
     wrong = number_damage(target, manifest.get("iteration"), iteration, "another iteration's manifest")
+    wrong = wrong or other_run_damage(run, target, manifest)
     if wrong is not None:
         return wrong
     version = manifest.get("version", 1)
@@ -424,6 +533,10 @@ def verify_finished(
     is about to replace}. Files unchanged since they last verified against the same checksum
     are not hashed again (schemas.verified)."""
     refuse_cache_inside(run.root)  # before the cache is read or written
+    refuse_lost_root_record(run, context)
+    gone = missing_finished_damage(run)
+    if gone is not None:
+        raise GraftError(describe(run, int(gone.path.parent.name[5:]), gone) + context)
     check, commit = known_intact("manifest")
     expectation = Expectation(run)
     skip = skip or {}
@@ -607,8 +720,14 @@ def write_manifest(run: Run, iteration: int, done: Path | None = None, fresh: It
                 raise GraftError(describe(run, iteration, damage))
     if done is not None:
         files[DONE_MARKER] = _entry(done)
-    start = ensure_run_manifest(run).get("iterations_from", 0)
+    root_manifest = ensure_run_manifest(run)
+    if RUN_ID_KEY not in root_manifest:  # a run from before the identity gets one now
+        root_manifest[RUN_ID_KEY] = uuid.uuid4().hex
+        atomic_write_text(run.root / MANIFEST_FILE, json.dumps(root_manifest, indent=2, sort_keys=True))
+    start = root_manifest.get("iterations_from", 0)
     data = {
+        RUN_ID_KEY: root_manifest[RUN_ID_KEY],
+        ROOT_RECORD_KEY: [key for key in ROOT_RECORDS if key in root_manifest],
         "version": MANIFEST_VERSION,
         "iteration": iteration,  # a copy of the iteration under another number is refused
         "iterations_from": start,  # the run manifest's rule, kept should that manifest be lost
@@ -644,7 +763,9 @@ def finish_iteration(run: Run, iteration: int, loop_rows: pl.DataFrame, fresh: I
     write_table(loop_rows, "metrics", pending)
     try:
         write_manifest(run, iteration, done=pending, fresh=fresh)
+        refuse_links_inside(pending)  # the folder is still no link (schemas.confine)
         os.replace(pending, folder / DONE_MARKER)
+        _write_finished(run, {*recorded_finished(run), iteration})
     except BaseException:
         pending.unlink(missing_ok=True)
         raise
@@ -672,6 +793,7 @@ def publish_recorded(run: Run, final: Path, pending: Path) -> Path:
     """Move ``pending`` (a complete file) to ``final``, recording it first (``record_file``): a kill
     in between leaves a recorded file that is missing, never an unrecorded one."""
     record_file(run, final, pending)
+    refuse_links_inside(pending)  # the folder is still no link (schemas.confine)
     os.replace(pending, final)
     return final
 

@@ -14,10 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from schemas.atomic import remove_outputs
+from schemas.confine import refuse_link_entries
 from schemas.errors import GraftError
 from schemas.initial_model import verify_recorded_models
 from schemas.integrity import TRAINER_STATE_DIR, checkpoint_complete
-from schemas.manifest import acting_checkpoint, cross_check, verify_checkpoint_read, verify_finished
+from schemas.manifest import (
+    acting_checkpoint,
+    cross_check,
+    forget_finished,
+    producing_stage,
+    verify_checkpoint_read,
+    verify_finished,
+)
 from schemas.rundir import DERIVED_FILES, STAGE_OUTPUTS, STAGES, Run
 from schemas.stage_table import STAGE_TABLE
 
@@ -46,6 +54,13 @@ def check_recompute_inputs(run: Run, stage: str, iteration: int) -> None:
     manifest, input tables that disagree, or a damaged or missing acting checkpoint."""
     try:
         if iteration >= 0 and stage != "rollout":  # a replay replaces every file of the iteration
+            missing = [t for t in STAGE_INPUTS[stage] if not run.table_path(iteration, t).is_file()]
+            if missing:  # the recompute could not run: nothing computed from it is removed first
+                raise GraftError(
+                    f"{run.table_path(iteration, missing[0])}: missing, and the recompute of {stage} reads "
+                    f"it; recompute it first (graft {producing_stage(missing[0] + '.parquet')} {run.root} "
+                    f"--iter {iteration} --force)"
+                )
             skip = {iteration: replaced_files(run, stage, iteration)}
             verify_finished(run, [iteration], skip=skip, root=False)
             cross_check(run, iteration, STAGE_INPUTS[stage])
@@ -101,6 +116,8 @@ def guard_recompute(
         raise GraftError(f"{run.root}: {what}; use --force to recompute it{tail}")
     if not force:
         return []
+    # nothing is removed or replaced through a link inside the run (schemas.confine), checked first
+    refuse_link_entries([*dependents, *run.output_paths(stage, iteration)] if iteration >= 0 else dependents)
     if finished or dependents:
         check_recompute_inputs(run, stage, iteration)
     questions = []
@@ -119,6 +136,8 @@ def guard_recompute(
             raise GraftError(
                 f"{question}; --force not confirmed; nothing was removed (pass --yes to confirm)"
             )
+    if dependents and stage != "eval":
+        forget_finished(run, iteration)  # before a done-marker goes: the record never names a gone one
     remove_outputs(dependents)
     return dependents
 

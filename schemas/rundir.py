@@ -11,8 +11,8 @@ is complete when all of its outputs exist (``stage_complete``).
 
 from __future__ import annotations
 
+import contextlib
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,16 +183,25 @@ class Run:
         return write_table(data, table, self.table_path(iteration, table))
 
     def saved_config(self) -> Config:
-        """The run's config.toml as saved, for comparison only (nothing acts on it here)."""
+        """The run's config.toml as saved, for comparison only (nothing acts on it here); one edited
+        since graft sealed it is refused (schemas.run_config)."""
         if not self.config_path.is_file():
             raise GraftError(f"{self.root}: not a graft run (no config.toml)")
+        from schemas.run_config import refuse_config_edit  # it imports this module
+
+        refuse_config_edit(self)
         return load_config(self.config_path)
 
-    def load_config(self, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    def load_config(self, overrides: list[str] | tuple[str, ...] = (), accept_edit: bool = False) -> Config:
         """The run's saved config with ``overrides``; settings in it that can run code must be
-        repeated by ``overrides`` (or the process must trust saved runs: ``graft --trust-run``)."""
+        repeated by ``overrides`` (or the process must trust saved runs: ``graft --trust-run``). A
+        config.toml edited since graft sealed it is refused unless ``accept_edit`` (``graft loop
+        --force``, which seals it)."""
         if not self.config_path.is_file():
             raise GraftError(f"{self.root}: not a graft run (no config.toml)")
+        from schemas.run_config import refuse_config_edit  # it imports this module
+
+        refuse_config_edit(self, accept=accept_edit)
         config = load_config(self.config_path, overrides)
         if not saved_runs_trusted():
             refuse_code_from_run(self.config_path, config, overrides)
@@ -222,33 +231,44 @@ def open_run(path: str | Path) -> Run:
 
 @dataclass(frozen=True)
 class StartSnapshot:
-    """The folder a new run is about to start in, as it was: whether it existed and what it held."""
+    """The folder a new run is starting in, as this start found it once it held the run's lock: whether
+    the folder and its lock file were there before, and what else it held."""
 
     root: Path
     existed: bool
+    had_lock: bool
     entries: frozenset[Path]
 
 
-def start_snapshot(root: Path) -> StartSnapshot | None:
-    """The state of ``root`` before a new run starts there; None when a run (config.toml) is there."""
+def start_snapshot(root: Path, existed: bool, had_lock: bool) -> StartSnapshot | None:
+    """The state of ``root`` when a new run starts there, taken while holding the run's lock (so nothing
+    another process wrote is taken for this start's own); ``existed`` / ``had_lock``: whether the folder
+    and ``.lock`` were there before this process took the lock. None when a run (config.toml) is there."""
     if (root / "config.toml").is_file():
         return None
-    entries = frozenset(root.iterdir()) if root.is_dir() else frozenset()
-    return StartSnapshot(root, root.is_dir(), entries)
+    entries = frozenset(p for p in root.iterdir() if had_lock or p.name != LOCK_FILE)
+    return StartSnapshot(root, existed, had_lock, entries)
 
 
 def discard_refused_start(snapshot: StartSnapshot | None) -> bool:
-    """After the start of a new run was refused (a GraftError before any iteration wrote a table):
-    remove what the start wrote -- config.toml, the lock, a tiny model, an initial evaluation -- so
-    the folder is as it was, and fixing the config needs no --force. True when something was removed."""
+    """After the start of a new run was refused (a GraftError before any iteration wrote a table), still
+    holding the run's lock: remove what the start wrote -- config.toml, a tiny model, an initial
+    evaluation, then the lock file it created and the folder when it was new -- so the folder is as it
+    was, and fixing the config needs no --force. True when something was removed.
+
+    A folder made new is removed with ``rmdir`` after its own entries, never recursively: if another
+    process put anything there since, it stays."""
     if snapshot is None or any(snapshot.root.glob("iter_*/*.parquet")):
         return False
     if not snapshot.root.is_dir():
         return False
-    added = [p for p in snapshot.root.iterdir() if p not in snapshot.entries]
-    remove_outputs(sorted(added, key=lambda p: p.name == LOCK_FILE))  # the lock last
+    added = [p for p in snapshot.root.iterdir() if p not in snapshot.entries and p.name != LOCK_FILE]
+    remove_outputs(added)
+    if not snapshot.had_lock:
+        (snapshot.root / LOCK_FILE).unlink(missing_ok=True)
     if not snapshot.existed:
-        shutil.rmtree(snapshot.root, ignore_errors=True)
+        with contextlib.suppress(OSError):  # not empty: something another process wrote stays
+            snapshot.root.rmdir()
     return bool(added)
 
 
@@ -260,7 +280,6 @@ def create_run(path: str | Path, config: Config, force: bool = False) -> Run:
     """
     run = Run(Path(path))
     run.root.mkdir(parents=True, exist_ok=True)
-    text = config.to_toml()
     if run.config_path.is_file():
         saved = load_config(run.config_path)
         if saved != config and not force:
@@ -271,7 +290,9 @@ def create_run(path: str | Path, config: Config, force: bool = False) -> Run:
             )
         if saved == config:
             return run
-    atomic_write_text(run.config_path, text)
+    from schemas.run_config import write_run_config  # it imports this module
+
+    write_run_config(run, config)  # written and sealed in the run's manifest
     return run
 
 

@@ -33,6 +33,34 @@ def cache_dir() -> Path:
     return Path(base) / "graft"
 
 
+RUN_CONTENTS = ("manifest.json", ".lock", "checkpoints", "model")
+
+
+def _enclosing_run(folder: Path) -> Path | None:
+    """The graft run ``folder`` lies in (the folder itself or an ancestor holding a run's config.toml
+    with a run's files beside it), or None."""
+    for candidate in [folder, *folder.parents]:
+        if (candidate / "config.toml").is_file() and (
+            any((candidate / name).exists() for name in RUN_CONTENTS) or any(candidate.glob("iter_[0-9]*"))
+        ):
+            return candidate
+    return None
+
+
+def checked_cache_dir() -> Path:
+    """``cache_dir()``, refused (GraftError, one line) when it lies inside any graft run: the cache is
+    graft's own, and nothing outside a run's own writers may write into a run (a cache file in a
+    finished iteration's folder would make every reader of that run refuse it)."""
+    cache = cache_dir()
+    inside = _enclosing_run(cache.resolve())
+    if inside is not None:
+        raise GraftError(
+            f"{cache}: graft's cache directory (GRAFT_CACHE_DIR, XDG_CACHE_HOME) is inside the run "
+            f"{inside}; it must live outside every run (point GRAFT_CACHE_DIR elsewhere)"
+        )
+    return cache
+
+
 def refuse_cache_inside(root: Path) -> None:
     """GraftError when the cache directory lies inside the run at ``root``: writing the cache there
     would add files to the run (a finished iteration's folder among them) that every later reader
@@ -76,7 +104,7 @@ def known_intact(kind: str) -> tuple[Callable[..., bool], Callable[[], None]]:
     expected="")`` is True when ``path`` passed a ``kind`` check against ``expected`` (e.g. the checksum
     a manifest records) in its current state; after every file passed, ``commit()`` records the ones
     asked about (so a failed check records nothing)."""
-    cache_path = cache_dir() / CACHE_FILE
+    cache_path = checked_cache_dir() / CACHE_FILE
     cache = _load(cache_path)
     asked: dict[str, list[int]] = {}
 
@@ -101,7 +129,7 @@ def verify_tables(paths: Iterable[Path]) -> int:
 
     Raises GraftError (the file and what is wrong, one line) at the first damaged file.
     """
-    cache_path = cache_dir() / CACHE_FILE
+    cache_path = checked_cache_dir() / CACHE_FILE
     cache = _load(cache_path)
     read = 0
     changed = False

@@ -168,8 +168,8 @@ def loop(
         if executor not in ("local", "ray"):
             raise GraftError(f"--executor {executor!r}: expected local or ray")
         overrides.append(f"cluster.executor={executor}")
-    root, checked = loop_root(config, run_dir, overrides)  # checks the config before any write
-    # a refused start of a new run leaves nothing behind
+    root, checked = loop_root(config, run_dir, overrides, force)  # checks the config before any write
+    # a refused start of a new run leaves nothing behind; one refused at the lock removes nothing
     with locked_start(root):
         run, cfg, target = open_loop_run(root, checked, iters, force)
         # soft_wrap: off a terminal rich wraps at 80 columns and would split file paths in two

@@ -68,9 +68,10 @@ def init_model(
         raise GraftError(f"{out}: directory exists and is not empty (use --force to replace it)")
     if vocab_tasks < 0:
         raise GraftError(f"--vocab-tasks must be >= 0 (0: the environment's default), got {vocab_tasks}")
-    options = apply_overrides({}, option)
-    environment = make_env(env, **options)
     spec = TinySpec(hidden=hidden, layers=layers, heads=heads)
+    spec.check()  # bounds first: nothing is played or allocated for a shape that cannot be built
+    options = apply_overrides({}, option, flag="--option")
+    environment = make_env(env, **options)
     vocab_tasks = vocab_tasks_for(environment, vocab_tasks)
     typer.echo(f"playing {vocab_tasks} train + {vocab_tasks} eval {env} tasks for the vocabulary", err=True)
     build_tiny_model(

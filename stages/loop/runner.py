@@ -36,6 +36,7 @@ import polars as pl
 from schemas import read_table
 from schemas.atomic import atomic_write_text
 from schemas.config import Config
+from schemas.confine import refuse_links_inside
 from schemas.jsonfile import load_json
 from schemas.lock import run_lock
 from schemas.manifest import (
@@ -112,6 +113,7 @@ def remove_stale_temporaries(run: Run) -> list[Path]:
     warm += sorted((run.sft_dir / "dagger").glob("round_*"))
     folders = [run.root, run.root / "checkpoints", *warm, *(run.iter_dir(i) for i in run.iterations())]
     for folder in folders:
+        refuse_links_inside(folder / "-")  # the folder and those above it: no link (schemas.confine)
         for path in folder.glob(".*.tmp"):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

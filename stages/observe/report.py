@@ -30,6 +30,7 @@ from schemas import read_table
 from schemas.confine import refuse_links_out
 from schemas.errors import GraftError
 from schemas.manifest import verify_finished
+from schemas.run_config import refuse_config_edit
 from schemas.rundir import Run, open_run
 
 # ALFWorld's subtask labels in the order of the paper's Table 1, with its column names; other task
@@ -98,8 +99,10 @@ def _concat(frames: list[pl.DataFrame], table: str) -> pl.DataFrame:
 
 def load_run_tables(run: Run, label: str | None = None) -> RunTables:
     """Read every metrics and eval table of ``run`` (complete files only; temp files are ignored);
-    finished iterations only as their manifests record them."""
+    finished iterations only as their manifests record them, and a config.toml edited since graft
+    sealed it refused (its env and mode label the report)."""
     verify_finished(run)
+    refuse_config_edit(run)
     metrics_frames, eval_frames = [], []
     for it in run.iterations():
         folder = run.iter_dir(it)

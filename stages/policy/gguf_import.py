@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import zipfile
@@ -87,6 +88,28 @@ def packaged_gguf(name: str, cache: Path | None = None) -> Path:
     return path
 
 
+GGUF_MAGIC = b"GGUF"
+# what transformers' GGUF reader raises on a file it cannot read (a UnicodeDecodeError is a ValueError)
+UNREADABLE_GGUF = (ValueError, KeyError, IndexError, TypeError, EOFError, OSError, MemoryError, struct.error)
+GGUF_HEADER_BYTES = 24  # magic, version (uint32), tensor count and metadata count (uint64 each)
+
+
+def check_gguf_header(gguf: Path) -> None:
+    """GraftError (one line) unless ``gguf`` starts with a GGUF header: the magic bytes, a version and
+    the tensor and metadata counts, at least one of each (a header without metadata names no model)."""
+    with open(gguf, "rb") as fh:
+        head = fh.read(GGUF_HEADER_BYTES)
+    if head[:4] != GGUF_MAGIC:
+        raise GraftError(f"{gguf}: not a GGUF file (it does not start with the GGUF magic bytes)")
+    if len(head) < GGUF_HEADER_BYTES:
+        raise GraftError(f"{gguf}: not a GGUF file (its header is cut short: {len(head)} bytes)")
+    tensors, metadata = struct.unpack("<QQ", head[8:24])
+    if tensors == 0 or metadata == 0:
+        raise GraftError(
+            f"{gguf}: a GGUF header with {tensors} tensors and {metadata} metadata keys holds no model"
+        )
+
+
 def convert_gguf(gguf: Path, out: Path) -> Path:
     """Write ``out`` (a float32 HF model directory with tokenizer and chat template) from ``gguf``;
     atomically (a temporary sibling, renamed when complete)."""
@@ -100,9 +123,18 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     quiet_transformers()
     if importlib.util.find_spec("gguf") is None:
         raise GraftError("reading a GGUF file needs the gguf package (pip install gguf)")
+    check_gguf_header(gguf)
     with filled_dir(out) as tmp:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            loaded = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+        except UNREADABLE_GGUF as exc:
+            # a file with GGUF's magic whose metadata or tensors transformers cannot read (truncated,
+            # no architecture, an unsupported one): one line, never the reader's traceback
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise GraftError(f"{gguf}: cannot read it as a GGUF model ({reason[:300]})") from None
         config = copy.deepcopy(loaded.config)
         if hasattr(config, "quantization_config"):  # the weights are dequantized: a plain float32 model
             del config.quantization_config

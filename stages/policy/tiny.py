@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from schemas.atomic import filled_dir
-from schemas.config import DEFAULT_TINY_VOCAB_TASKS
+from schemas.config import DEFAULT_TINY_VOCAB_TASKS, TINY_MAX_HEADS, TINY_MAX_HIDDEN, TINY_MAX_LAYERS
 from schemas.errors import GraftError
 from stages.envs.base import Environment, Episode, environment_tasks
 from stages.envs.prompts import episode_prompt
@@ -55,6 +55,12 @@ class TinySpec:
         if self.hidden < 8 or self.layers < 1 or self.heads < 1:
             raise GraftError(
                 f"tiny model: hidden {self.hidden}, layers {self.layers}, heads {self.heads} too small"
+            )
+        if self.hidden > TINY_MAX_HIDDEN or self.layers > TINY_MAX_LAYERS or self.heads > TINY_MAX_HEADS:
+            raise GraftError(
+                f"tiny model: hidden {self.hidden}, layers {self.layers}, heads {self.heads} too large "
+                f"(at most hidden {TINY_MAX_HIDDEN}, layers {TINY_MAX_LAYERS}, heads {TINY_MAX_HEADS}: "
+                "a larger model is a model.path)"
             )
         if self.hidden % self.heads or (self.hidden // self.heads) % 2:
             raise GraftError(

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from schemas.atomic import remove_outputs
 from schemas.config import CheckpointConfig
+from schemas.confine import refuse_link_entries
 from schemas.integrity import checkpoint_complete, forget_checkpoint_files
 from schemas.rundir import Run
 from stages.policy.adapters import adapter_base, is_adapter_dir
@@ -81,5 +82,6 @@ def prune_checkpoints(run: Run, cfg: CheckpointConfig) -> list[Path]:
         # the marker first: a kill after it leaves unlisted files (harmless; the next prune removes
         # them), never a marker that lists files which are gone
         forget_checkpoint_files(state.parent, TRAINER_STATE_DIR)
+        refuse_link_entries([state])  # never through a link (schemas.confine)
         shutil.rmtree(state, ignore_errors=True)
     return dropped + states

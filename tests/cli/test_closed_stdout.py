@@ -74,3 +74,31 @@ def test_an_error_into_a_closed_stdout_keeps_its_line_and_status(tmp_path: Path)
     done = _into_closed_pipe(["sql", str(tmp_path / "absent"), "SELECT 1"])
     assert done.returncode == 2
     assert done.stderr.startswith("error: ") and "run directory not found" in done.stderr
+
+
+def _with_stdout_closed(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``graft ARGS >&-``: the process starts without a descriptor 1 (Python's sys.stdout is None)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "graft_cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--version"], ["schema", "steps"], ["sql", "absent", "SELECT 1"], ["synth", "out"], ["loop"]],
+)
+def test_a_command_started_with_stdout_closed_says_so_in_one_line(args: list[str], tmp_path: Path) -> None:
+    done = _with_stdout_closed(args, tmp_path)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Bad file descriptor" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []  # refused before the command ran: synth wrote nothing

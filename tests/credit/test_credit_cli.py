@@ -237,7 +237,7 @@ def test_bad_steps_are_rejected_with_one_line(runner, tmp_path, rule, command):
         (["solve", "{tmp}/graphed", "--set", "solve.gamma=1.0"], "cycle"),
         (
             ["advantage", "{steps}", "-o", "{out}", "--set", "advantage.estimator=magic"],
-            "unknown advantage.estimator",
+            "must be a registered estimator",
         ),
         (["advantage", "{steps}", "-o", "{out}", "--set", "advantage.gae=maybe"], "advantage.gae"),
         (["graph", "{run}"], "--iter"),

@@ -95,3 +95,34 @@ def test_preset_runs_one_tiny_iteration(preset: Path, tmp_path: Path) -> None:
     assert "iter    0" in result.output
     if load_config(preset).rollout.mode == "generate":  # the valid action rate on the iteration line
         assert " valid " in result.output.split("iter    0", 1)[1].splitlines()[0]
+
+
+def test_the_headroom_preset_has_the_pool_groups_and_evaluation_it_promises() -> None:
+    """configs/cpu/household_smollm2_headroom.toml: >= 64 training tasks and >= 32 held-out tasks, each
+    in a room of its own (no held-out room is a training room), groups of 8, >= 128 held-out episodes
+    on common draws, several optimizer steps per iteration, the CPU's native precision."""
+    from stages.envs.base import environment_tasks
+    from stages.envs.registry import make_environment
+
+    config = load_config(ROOT / "configs" / "cpu" / "household_smollm2_headroom.toml")
+    env = make_environment(config)
+    for seed in (0, 1, 100):
+        train = environment_tasks(env, "train", config.env.train_tasks, seed)
+        held_out = environment_tasks(env, "eval", config.env.eval_tasks, seed)
+        assert len({t.task_id for t in train}) == len(train) >= 64
+        assert len({t.task_id for t in held_out}) == len(held_out) >= 32
+        assert not {repr(t.spec) for t in train} & {repr(t.spec) for t in held_out}  # no task in both
+
+        def room(t):  # type: ignore[no-untyped-def]
+            return repr(t.spec["receptacles"]) + repr(t.spec["objects"])
+
+        rooms = {room(t) for t in train}
+        # a small room (3 receptacles) can recur with another goal: at most 1 of 32 on these seeds
+        assert sum(room(t) in rooms for t in held_out) <= 1
+    assert config.rollout.group_size == 8 and config.rollout.mode == "generate"
+    assert config.eval.group_size * config.env.eval_tasks >= 128 and config.eval.draws == "common"
+    # no household task is solved in fewer than 3 turns (go to, take, put): >= 3 rows an episode
+    assert min(len(t.spec["objects"]) for t in train) >= 1
+    rows_per_iteration = 3 * config.rollout.groups * config.rollout.group_size
+    assert config.update.minibatch_size * 2 <= rows_per_iteration  # at least 2 optimizer steps
+    assert config.rollout.engine_options["dtype"] == "native" and config.update.bf16_on_cpu == "native"

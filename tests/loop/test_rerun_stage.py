@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from graft_cli.app import app
-from schemas.manifest import MANIFEST_FILE
+from schemas.manifest import MANIFEST_FILE, forget_finished
+from schemas.rundir import Run
 from tests.helpers.loop_runs import micro_run
 
 REMOVED = ["metrics_loop.parquet", "update.parquet", "metrics_update.parquet", "eval.parquet"]
@@ -24,6 +25,7 @@ REMOVED = ["metrics_loop.parquet", "update.parquet", "metrics_update.parquet", "
 def run(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> Path:
     copy = tmp_path / "run"
     shutil.copytree(micro_run(tmp_path_factory.mktemp("ref")), copy)
+    forget_finished(Run(copy), 1)  # as --force leaves the run's record before it removes them
     for name in REMOVED:
         (copy / "iter_0001" / name).unlink()
     shutil.rmtree(copy / "checkpoints" / "iter_0001")

@@ -18,6 +18,7 @@ from schemas.config import Config
 from schemas.errors import GraftError
 from schemas.integrity import CHECKPOINT_MARKER, checkpoint_damage, file_digests, verify_checkpoint
 from schemas.io import verify_table
+from schemas.manifest import forget_finished
 from schemas.rundir import create_run
 from stages.credit.synth import synth_steps
 from stages.loop import run_loop
@@ -154,6 +155,7 @@ def test_resume_redoes_a_stage_whose_outputs_are_damaged(tmp_path: Path) -> None
     run_loop(run, config, 1, runners=runners, prepare=lambda *_: None)
     values_before = read_table(run.table_path(0, "values"), "values")
     # killed before the iteration's manifest and end marker, and meanwhile two outputs were damaged
+    forget_finished(run, 0)  # as the record stands before the done-marker is written
     (run.iter_dir(0) / "metrics_loop.parquet").unlink()
     (run.iter_dir(0) / "manifest.json").unlink()
     start, end = data_region(run.table_path(0, "values"))

@@ -157,11 +157,19 @@ def test_sql_refuses_any_changed_table(finished: Path, tmp_path: Path, damage, t
 def test_a_swap_behind_a_removed_done_marker_is_refused(
     finished: Path, tmp_path: Path, damage, table: str
 ) -> None:  # type: ignore[no-untyped-def]
-    damage("iter_0001/metrics_loop.parquet", "delete")
-    assert _invoke(finished, READERS["sql"], tmp_path).exit_code == 0  # unfinished, nothing changed
-    damage(f"iter_0001/{table}", "swap")
-    readers = {"sql": READERS["sql"], "report": READERS["report"], "loop": READERS["loop"]}
-    _refused_by(finished, tmp_path, readers, f"iter_0001/{table}")
+    from schemas.manifest import forget_finished
+    from schemas.rundir import Run
+
+    record = (finished / "manifest.json").read_text()
+    forget_finished(Run(finished), 1)  # the state --force leaves: the record first, then the marker
+    try:
+        damage("iter_0001/metrics_loop.parquet", "delete")
+        assert _invoke(finished, READERS["sql"], tmp_path).exit_code == 0  # unfinished, nothing changed
+        damage(f"iter_0001/{table}", "swap")
+        readers = {"sql": READERS["sql"], "report": READERS["report"], "loop": READERS["loop"]}
+        _refused_by(finished, tmp_path, readers, f"iter_0001/{table}")
+    finally:
+        (finished / "manifest.json").write_text(record)
 
 
 @pytest.mark.parametrize("table", TABLES)

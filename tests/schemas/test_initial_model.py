@@ -82,6 +82,10 @@ def test_a_run_from_before_the_record_is_read_then_recorded(run: Path) -> None:
     manifest = json.loads(path.read_text())
     del manifest[MODELS_KEY]
     path.write_text(json.dumps(manifest))
+    for folder in run.glob("iter_*"):  # iterations finished before the record: they do not list it
+        iteration_manifest = json.loads((folder / MANIFEST_FILE).read_text())
+        del iteration_manifest["root"]
+        (folder / MANIFEST_FILE).write_text(json.dumps(iteration_manifest))
     r = Run(run)
     verify_initial_model(r, r.initial_model_dir)  # nothing recorded: nothing to verify
     record_initial_models(r, micro_config())
@@ -122,3 +126,23 @@ def test_the_rollout_command_prepares_a_fresh_run_before_its_stage(tmp_path: Pat
     result = CliRunner().invoke(app, ["rollout", str(fresh.root), "--iter", "0"])
     assert result.exit_code == 0, result.output
     assert (fresh.initial_model_dir / "config.json").is_file() and fresh.stage_complete("rollout", 0)
+
+
+@pytest.mark.parametrize("lost", ["the models record", "the run manifest"])
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_a_lost_root_record_with_a_swapped_model_is_refused(run: Path, reader: str, lost: str) -> None:
+    """The record deleted (the key or the whole manifest) and another model of the same shape put in
+    place: recorded as the run's own and evaluated, trained with, exit 0. The run's finished
+    iterations list the record they were made with, so its loss is damage."""
+    from safetensors.torch import load_file, save_file
+
+    path = run / MANIFEST_FILE
+    if lost == "the run manifest":
+        path.unlink()
+    else:
+        manifest = json.loads(path.read_text())
+        del manifest[MODELS_KEY]
+        path.write_text(json.dumps(manifest))
+    weights = run / "model" / "model.safetensors"
+    save_file({name: t + 0.01 for name, t in load_file(weights).items()}, weights, metadata={"format": "pt"})
+    _refused(run, READERS[reader], f"{run}/manifest.json: ")

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from graft_cli.app import app
-from schemas.manifest import MANIFEST_FILE
+from schemas.manifest import MANIFEST_FILE, forget_finished
+from schemas.rundir import Run
 
 READERS = {
     "sql": ["sql", "{run}", "SELECT count(*) FROM steps"],
@@ -56,7 +57,8 @@ def test_a_finished_iteration_copied_over_another_is_refused(run: Path, tmp_path
 def test_a_checkpoint_of_another_iteration_is_refused_where_no_manifest_covers_it(
     run: Path, tmp_path: Path
 ) -> None:
-    for name in ("metrics_loop.parquet", MANIFEST_FILE):  # iteration 1 unfinished: no manifest to compare
+    forget_finished(Run(run), 1)  # iteration 1 unfinished: no manifest to compare
+    for name in ("metrics_loop.parquet", MANIFEST_FILE):
         (run / "iter_0001" / name).unlink()
     shutil.rmtree(run / "checkpoints" / "iter_0001")
     shutil.copytree(run / "checkpoints" / "iter_0000", run / "checkpoints" / "iter_0001")
@@ -74,6 +76,12 @@ def test_a_lost_run_manifest_does_not_excuse_a_manifest_less_iteration(
 ) -> None:
     (run / MANIFEST_FILE).unlink()
     (run / "iter_0000" / MANIFEST_FILE).unlink()
+    # iteration 1's manifest as written before it listed the run's root record (which is refused first
+    # when lost): the rule it repeats still holds
+    path = run / "iter_0001" / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    del manifest["root"]
+    path.write_text(json.dumps(manifest))
     shutil.copy(run / "iter_0001" / "steps.parquet", run / "iter_0000" / "steps.parquet")
     _refused(
         run,

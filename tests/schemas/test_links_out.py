@@ -1,8 +1,9 @@
 """No command follows a link out of the run (schemas.confine): an iteration, a checkpoint, the initial
 model or a table that is a symlink resolving outside the run is refused with one line by every writer
 (the stage commands' --force, update, eval, the loop) and by export, before anything is removed or
-written -- in the run or outside it. Links that stay inside the run are allowed, and the helpers that
-remove or replace a directory remove a link itself, never what it points to."""
+written -- in the run or outside it. Links that stay inside the run are not refused up front (a writer
+refuses one where it enters or removes it: tests/schemas/test_links_inside.py), and outside a run the
+helpers that remove or replace a directory remove a link itself, never what it points to."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 
 from schemas.config import Config
 from schemas.errors import GraftError
-from schemas.manifest import MANIFEST_FILE
+from schemas.manifest import MANIFEST_FILE, forget_finished
 from schemas.rundir import create_run
 from stages.credit.synth import synth_steps
 from stages.loop import run_loop
@@ -93,6 +93,7 @@ def test_a_table_swapped_in_without_done_marker_or_manifest_is_not_blessed(tmp_p
     # the iteration looks interrupted (no done-marker, no manifest), and its steps table is another's:
     # the loop must not record it as finished
     run, config = _finished_run(tmp_path)
+    forget_finished(run, 1)  # as the record stands before the done-marker is written
     for name in ("metrics_loop.parquet", MANIFEST_FILE):
         (run.iter_dir(1) / name).unlink()
     (run.iter_dir(1) / "steps.parquet").write_bytes((run.iter_dir(0) / "steps.parquet").read_bytes())

@@ -5,6 +5,7 @@ a line that says so (it was "Not a directory")."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 from graft_cli.app import app
 from schemas.atomic import atomic_dir, remove_stale_temporaries
 from tests.helpers.damage import one_error_line
+from tests.helpers.lock_holder import tree
 
 
 @pytest.mark.parametrize(
@@ -35,6 +37,34 @@ def test_a_cache_directory_inside_the_run_is_refused(
     assert not cache.exists()
     monkeypatch.delenv("GRAFT_CACHE_DIR")
     assert CliRunner().invoke(app, ["sql", str(run), "SELECT 1"]).exit_code == 0  # the run is intact
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sql", "{run}", "SELECT count(*) FROM steps"],
+        ["report", "{run}", "-o", "{out}"],
+        ["eval", "{run}", "--iter", "1", "--force"],
+    ],
+)
+def test_a_cache_directory_inside_another_run_is_refused(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """Reading run A with the cache in run B's finished iteration wrote into B, which every reader of B
+    then refused: nothing outside a run's own writers writes into any run."""
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    before = tree(other)
+    cache = other / "iter_0001"
+    monkeypatch.setenv("GRAFT_CACHE_DIR", str(cache))
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, [a.replace("{run}", str(run)).replace("{out}", str(out)) for a in args])
+    one_error_line(
+        result, f"{cache}: graft's cache directory (GRAFT_CACHE_DIR, XDG_CACHE_HOME) is inside the run"
+    )
+    assert tree(other) == before and sorted(p.name for p in cache.iterdir()) == sorted(
+        p.name for p in (run / "iter_0001").iterdir()
+    )
 
 
 def test_export_removes_what_a_killed_export_left(run: Path, tmp_path: Path) -> None:

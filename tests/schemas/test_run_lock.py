@@ -109,3 +109,48 @@ def test_the_lock_nests_within_one_process(tmp_path: Path) -> None:
         run_lock(tmp_path / "r"),
     ):
         pass
+
+
+def test_a_start_refused_at_the_lock_removes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race: a second ``graft loop`` looks at a new folder, then a winner takes the lock and writes
+    its config before the second reaches the lock. The refused start must remove none of the winner's
+    files (it removed the whole folder, the winner's lock and config.toml included)."""
+    import fcntl
+    import subprocess
+    import sys
+
+    new = tmp_path / "new"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(Config().to_toml())
+    winner_script = (
+        "import fcntl, pathlib, sys\n"
+        "root = pathlib.Path(sys.argv[1]); root.mkdir(parents=True, exist_ok=True)\n"
+        "fh = open(root / '.lock', 'a'); fcntl.flock(fh, fcntl.LOCK_EX)\n"
+        "(root / 'config.toml').write_text(sys.argv[2])\n"
+        "print('held', flush=True); sys.stdin.read()\n"
+    )
+    winner: list[subprocess.Popen[str]] = []
+    real_flock = fcntl.flock
+
+    def flock_after_the_winner(fh, operation):  # type: ignore[no-untyped-def]
+        if not winner and operation & fcntl.LOCK_NB:  # the second loop is about to take the lock
+            proc = subprocess.Popen(
+                [sys.executable, "-c", winner_script, str(new), cfg.read_text()],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            winner.append(proc)
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        return real_flock(fh, operation)  # the same lock file: refused, the winner holds it
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_the_winner)
+    try:
+        result = CliRunner().invoke(app, ["loop", "--config", str(cfg), "--run", str(new)])
+        assert result.exit_code == 2 and LOCKED in result.stderr, result.output
+        assert (new / "config.toml").read_text() == cfg.read_text()
+        assert (new / ".lock").is_file()
+    finally:
+        for proc in winner:
+            proc.kill()
+            proc.wait()

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -236,8 +235,8 @@ def test_inf_outcome_is_refused(small_steps):
 def test_a_writer_failing_mid_write_leaves_no_table(tmp_path, monkeypatch, small_steps):
     target = tmp_path / "steps.parquet"
 
-    def half_write(table, where, **kwargs):
-        Path(where).write_bytes(b"PAR1 half a file")
+    def half_write(table, where, **kwargs):  # ``where``: the open temporary file
+        where.write(b"PAR1 half a file")
         raise OSError("disk full")
 
     monkeypatch.setattr(pq, "write_table", half_write)

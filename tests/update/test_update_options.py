@@ -63,6 +63,17 @@ def _one_sgd_step(rows, **cfg) -> list[torch.Tensor]:
     return [p.detach() - b for p, b in zip(model.parameters(), before, strict=True)]
 
 
+def assert_step_is_scaled_gradient(
+    delta: list[torch.Tensor], objective: torch.Tensor, model: torch.nn.Module, scale: float
+) -> None:
+    """The SGD step (lr 1) equals ``scale * grad objective`` parameter by parameter, and moved something."""
+    grads = torch.autograd.grad(objective, list(model.parameters()), allow_unused=True)
+    for d, g in zip(delta, grads, strict=True):
+        want = torch.zeros_like(d) if g is None else scale * g
+        assert torch.allclose(d, want, atol=1e-6), (d.abs().max(), want.abs().max())
+    assert any(float(d.abs().max()) > 0 for d in delta)
+
+
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
 RESPONSES = [[10, 11], [20]]
 CHOICES = [[[10, 11], [12, 13, 14]], [[20], [21, 22]]]
@@ -80,11 +91,7 @@ def test_choose_rows_bonus_step_is_the_gradient_of_the_mean_choice_entropy() -> 
     lp = choice_log_probs(model, PROMPTS, CHOICES).log_probs
     p = lp.exp()
     entropy = -(torch.where(torch.isfinite(lp), p * lp, torch.zeros_like(lp))).sum(-1).mean()
-    grads = torch.autograd.grad(entropy, list(model.parameters()), allow_unused=True)
-    for d, g in zip(delta, grads, strict=True):
-        want = torch.zeros_like(d) if g is None else c * g
-        assert torch.allclose(d, want, atol=1e-6), (d.abs().max(), want.abs().max())
-    assert any(float(d.abs().max()) > 0 for d in delta)
+    assert_step_is_scaled_gradient(delta, entropy, model, c)
 
 
 def test_token_rows_bonus_step_is_the_gradient_of_the_mean_token_entropy() -> None:
@@ -103,11 +110,7 @@ def test_token_rows_bonus_step_is_the_gradient_of_the_mean_token_entropy() -> No
         log_p = torch.log_softmax(logits.float(), -1)
         per_row.append(-(log_p.exp() * log_p).sum(-1).mean())
     entropy = torch.stack(per_row).mean()
-    grads = torch.autograd.grad(entropy, list(model.parameters()), allow_unused=True)
-    for d, g in zip(delta, grads, strict=True):
-        want = torch.zeros_like(d) if g is None else c * g
-        assert torch.allclose(d, want, atol=1e-6), (d.abs().max(), want.abs().max())
-    assert any(float(d.abs().max()) > 0 for d in delta)
+    assert_step_is_scaled_gradient(delta, entropy, model, c)
 
 
 def test_drop_flat_groups_keeps_groups_with_any_nonzero_credit() -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from schemas.config import AdvantageConfig
+from schemas.config import AdvantageConfig, allow_estimator
 from schemas.errors import GraftError
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ def register(name: str) -> Callable[[Estimator], Estimator]:
                 "register it under another name"
             )
         ESTIMATORS[name] = fn
+        allow_estimator(name)  # a valid advantage.estimator from now on
         return fn
 
     return wrap
