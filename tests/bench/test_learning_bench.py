@@ -13,7 +13,8 @@ from bench.learning.stats import paired_differences, paired_verdict
 from bench.learning.tables import eval_table, success_table
 from schemas import write_table
 from schemas.config import Config
-from schemas.rundir import create_run
+from schemas.manifest import write_manifest, write_recorded_table
+from schemas.rundir import create_run, open_run
 from stages.evaluate import eval_rows, output_path
 from tests.helpers.paths import REPO
 
@@ -40,7 +41,7 @@ def run_with_evals(root: Path, initial_wins: int, last_wins: int, episodes: int 
         if iteration >= 0:
             run.iter_dir(iteration).mkdir(parents=True, exist_ok=True)
         rows = eval_rows(one_turn_episodes(wins, episodes), 10.0, iteration, f"ck{iteration}")
-        write_table(rows, "eval", output_path(run, iteration))
+        write_recorded_table(run, rows, "eval", output_path(run, iteration))  # as the eval stage does
     return run.root
 
 
@@ -139,10 +140,10 @@ def test_a_finished_run_is_kept_as_it_ran_not_reopened(tmp_path: Path, monkeypat
 def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
     from bench.learning.run_record import record
 
-    def metrics(values: dict[str, float], stage: str) -> pl.DataFrame:
+    def metrics(values: dict[str, float], stage: str, iteration: int) -> pl.DataFrame:
         return pl.DataFrame(
             {
-                "iter": [0] * len(values),
+                "iter": [iteration] * len(values),
                 "stage": [stage] * len(values),
                 "name": list(values),
                 "value": list(values.values()),
@@ -165,13 +166,37 @@ def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
         folder.mkdir(exist_ok=True)
         rollout = {"success_rate": success, "valid_action_rate": 0.9}
         for stage, values in (("rollout", rollout), ("update", update), ("loop", loop)):
-            write_table(metrics(values, stage), "metrics", folder / f"metrics_{stage}.parquet")
-        pl.DataFrame({"advantage": [0.0, 1.5, -0.5, 0.0]}).write_parquet(folder / "advantages.parquet")
+            write_table(metrics(values, stage, k), "metrics", folder / f"metrics_{stage}.parquet")
         # group 0: node 0 -> 1 twice and -> 2 once (3 rows at a branching state), node 1 -> 3 once;
         # group 1: node 0 -> 1 three times (the same next state: not branching); 3 of 7 rows
-        pl.DataFrame(
-            {"group_id": [0, 0, 0, 0, 1, 1, 1], "src": [0, 0, 0, 1, 0, 0, 0], "dst": [1, 1, 2, 3, 1, 1, 1]}
-        ).write_parquet(folder / "edges.parquet")
+        keys = {
+            "group_id": ["0", "0", "0", "0", "1", "1", "1"],
+            "traj_id": ["a", "b", "c", "a", "d", "e", "f"],
+            "step": [0, 0, 0, 1, 0, 0, 0],
+        }
+        edges = pl.DataFrame(
+            {**keys, "src": [0, 0, 0, 1, 0, 0, 0], "dst": [1, 1, 2, 3, 1, 1, 1], "reward": [0.0] * 7},
+            schema_overrides={"step": pl.Int32, "src": pl.Int32, "dst": pl.Int32},
+        )
+        advantages = pl.DataFrame(
+            {
+                **keys,
+                "estimator": ["grpo"] * 7,
+                "td": [None] * 7,
+                "gae": [None] * 7,
+                "advantage": [0.0, 1.5, -0.5, 0.0, 0.0, 0.0, 0.0],
+                "norm_group_size": [1] * 7,
+            },
+            schema_overrides={
+                "step": pl.Int32,
+                "td": pl.Float64,
+                "gae": pl.Float64,
+                "norm_group_size": pl.Int32,
+            },
+        )
+        write_table(edges, "edges", folder / "edges.parquet")
+        write_table(advantages, "advantages", folder / "advantages.parquet")
+        write_manifest(open_run(run), k)  # a finished iteration is its manifest, as the loop writes it
     text = record(run)
     # held-out 32/64 initially, 48/64 after the checkpoint of iteration 1 (2 updates); AUC (0.5+0.75)/2
     assert "held-out initial success 0.500" in text
@@ -185,7 +210,7 @@ def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
         "0.0001",
         "0.0020",
         "0.43",
-        "0.50",
+        "0.29",  # rows with A != 0: 2 of 7
         "0.250",
         "68",
         "61",
