@@ -70,7 +70,7 @@ def check_seed(seed: int, option: str = "--seed") -> None:
 # equal). ``advantage.estimator`` is checked against them -- and against names registered from Python
 # (``stages.credit.advantage.register`` calls ``allow_estimator``) -- with every other key, before a
 # run is created: an unknown name is refused before anything is written, and by ``graft schema config``.
-BUILTIN_ESTIMATORS = ("graft", "graphmc", "gigpo", "graphgpo", "grpo", "rloo", "rtmc", "salt")
+BUILTIN_ESTIMATORS = ("graft", "graphmc", "gigpo", "graphgpo", "grpo", "oracle", "rloo", "rtmc", "salt")
 _REGISTERED_ESTIMATORS: set[str] = set()
 
 
