@@ -371,6 +371,11 @@ class UpdateConfig:
     # per-row mean of the others. For graft "all zero" is not "all outcomes equal". When every group
     # is flat nothing is dropped (the step is then the KL term alone)
     skip_flat_groups: bool = setting(False, PAPER, others=EXPERIMENTAL)
+    # with LoRA on the last K layers (lora.layers = K), compute the frozen layers below the adapters once
+    # per row and share them between the reference pass and every policy pass (the same numbers up to
+    # float rounding; stages.update.shared_trunk). Off by default until a run has measured it; single
+    # process only (ignored under torchrun)
+    shared_trunk: bool = setting(False, DEFAULT)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from stages.update.last_layer import selected_final_hidden, supports_last_layer_pruning
+from stages.update.shared_trunk import final_hidden
 
 PAD_ID = 0  # any valid id: padded positions are masked out of attention and never selected
 
@@ -191,7 +192,11 @@ class SelectedLogits(torch.nn.Module):
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
             )
             return out.logits[sel_batch, sel_position]
-        if self.prune_last_layer and supports_last_layer_pruning(lm):
+        # a model that joined a trunk cache (stages.update.shared_trunk) runs only its top layers
+        shared = final_hidden(lm, input_ids, attention_mask) if position_ids is None else None
+        if shared is not None:
+            selected = shared[sel_batch, sel_position]
+        elif self.prune_last_layer and supports_last_layer_pruning(lm):
             selected = selected_final_hidden(
                 lm, input_ids, attention_mask, position_ids, sel_batch, sel_position
             )

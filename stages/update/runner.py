@@ -10,6 +10,8 @@ both exist.
 Reference log-probs (only when ``update.beta != 0``) are cached in ``iter_NNNN/reflogprobs.parquet``
 (a resumed update reuses them). In iteration 0 the policy being trained is the reference, so its old
 log-probs are stored as the reference log-probs instead of a second pass over the rows.
+With ``update.shared_trunk`` (LoRA on the last K layers, single process), the reference and the policy
+share one computation per row of the frozen layers below the adapters (``stages.update.shared_trunk``).
 Old (behaviour) log-probs: choose rows always recompute ``pi_old`` over their choices with the
 pre-update policy (only the chosen action's token log-probs are stored); token rows use the stored
 ``response_logprobs`` when the rollout engine is the training engine (``rollout.engine = "hf"``) and
@@ -70,6 +72,9 @@ from stages.update.checkpoint import (
 from stages.update.distributed import DistContext, init_distributed, unwrap, wrap_model
 from stages.update.lora import adapter_dropout, lora_policy, trainable_parameters
 from stages.update.policy_kl import exact_kl, kl_summary, probe_indices, row_distributions
+from stages.update.shared_trunk import TrunkCache
+from stages.update.shared_trunk import join as join_trunk
+from stages.update.shared_trunk import leave as leave_trunk
 from stages.update.trainer import RowLogProbs, TrainResult, score_all_rows, train_policy
 
 REFLOGPROBS_FILE = "reflogprobs"
@@ -113,6 +118,7 @@ class UpdateJob:
     reference_path: Path
     tokenizer: Any
     temperature: float
+    trunk: TrunkCache | None = None  # the rows' shared trunk outputs (update.shared_trunk), else None
 
     @property
     def is_reference(self) -> bool:
@@ -145,7 +151,17 @@ def prepare_update_job(run: Run, iteration: int, config: Config, ctx: DistContex
         reference_path=verified_initial_policy(run, config),
         tokenizer=tokenizer,
         temperature=effective_temperature(config),
+        trunk=shared_trunk_cache(config, ctx),
     )
+
+
+def shared_trunk_cache(config: Config, ctx: DistContext) -> TrunkCache | None:
+    """An empty trunk cache when ``update.shared_trunk`` applies: LoRA on the last K layers, one
+    process (a rank's rows change from pass to pass under torchrun)."""
+    cfg = config.update
+    if not cfg.shared_trunk or cfg.lora.r == 0 or cfg.lora.layers == 0 or ctx.distributed:
+        return None
+    return TrunkCache(cfg.lora.layers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,11 +191,19 @@ def read_cached_reference(path: Path, rows: UpdateRows) -> list[np.ndarray] | No
 
 
 def compute_reference(
-    ref_path: Path, rows: UpdateRows, config: Config, ctx: DistContext, temperature: float
+    ref_path: Path,
+    rows: UpdateRows,
+    config: Config,
+    ctx: DistContext,
+    temperature: float,
+    trunk: TrunkCache | None = None,
 ) -> list[np.ndarray]:
-    """Token log-probs of every response under the frozen reference model."""
+    """Token log-probs of every response under the frozen reference model (its trunk outputs left in
+    ``trunk`` for the policy, when given and shareable)."""
     model = load_model(ref_path, config.model.trust_remote_code).to(ctx.device).eval()
     model.requires_grad_(False)
+    if trunk is not None:
+        join_trunk(model, trunk)
     if ctx.distributed and config.update.parallel == "fsdp":
         model = wrap_model(model, ctx, "fsdp")
     scores = score_all_rows(
@@ -192,6 +216,7 @@ def compute_reference(
         as_tokens=True,
         bf16_on_cpu=config.update.bf16_on_cpu,
     )
+    leave_trunk(model)
     del model
     return scores.tokens
 
@@ -218,7 +243,7 @@ def reference_logprobs(job: UpdateJob, policy_scores: RowLogProbs | None = None)
     if policy_scores is not None:
         ref = list(policy_scores.tokens)
     else:
-        ref = compute_reference(job.reference_path, rows, job.config, ctx, job.temperature)
+        ref = compute_reference(job.reference_path, rows, job.config, ctx, job.temperature, job.trunk)
     if ctx.is_main:
         write_table(reference_table(rows, ref), REFLOGPROBS_FILE, path)
     ctx.barrier()
@@ -382,6 +407,7 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     ref_seconds = time.perf_counter() - t_ref
 
     model, adapters, lora_base = load_policy_to_train(job)
+    trunk_shared = job.trunk is not None and join_trunk(model, job.trunk)
     t_old = time.perf_counter()
     use_stored = stored_logprobs_used(job)
     model = wrap_model(model, ctx, cfg.parallel)
@@ -428,6 +454,7 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
                 "old_logprobs_from_forward": float(0 if from_forward is None else from_forward.size),
                 "choose_rows": float(rows.is_choice.sum()),
                 "world_size": float(ctx.world_size),
+                **trunk_metrics(job.trunk, trunk_shared),
                 **(engine_logprob_gap(rows, old) if config.rollout.engine != "hf" else {}),
                 **moved,
             },
@@ -439,7 +466,22 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
             (unwrap(model), model_state, optimizer_state),
             (adapters, lora_base),
         )
+    leave_trunk(unwrap(model))
+    if job.trunk is not None:
+        job.trunk.clear()
     ctx.barrier()
+
+
+def trunk_metrics(trunk: TrunkCache | None, policy_joined: bool) -> dict[str, float]:
+    """``trunk_shared`` (the policy read the shared trunk: 1, else 0) and the rows whose trunk was
+    computed / reused (only with ``update.shared_trunk``)."""
+    if trunk is None:
+        return {}
+    return {
+        "trunk_shared": float(policy_joined),
+        "trunk_rows_computed": float(trunk.rows_computed),
+        "trunk_rows_reused": float(trunk.rows_reused),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
