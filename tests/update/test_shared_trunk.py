@@ -168,7 +168,9 @@ def test_autocast_modes_keep_their_own_trunk():
         plain_half = None
         leave(model)
         with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-            plain_half = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[0]
+            plain_half = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[
+                0
+            ]
     assert cache.rows_computed == 8 and len(cache.states) == 8  # one trunk per row per mode
     real = batch.attention_mask.bool()
     torch.testing.assert_close(half[real].float(), plain_half[real].float(), rtol=0, atol=2e-2)
@@ -180,7 +182,9 @@ def test_changed_internals_leave_the_plain_forward(monkeypatch):
     adapt_top(model, 1)
 
     def wrong_mask(config, hidden, attention_mask, position_ids):  # a mask that ignores causality
-        return torch.zeros((hidden.shape[0], 1, hidden.shape[1], hidden.shape[1]), dtype=torch.bool).logical_not()
+        return torch.zeros(
+            (hidden.shape[0], 1, hidden.shape[1], hidden.shape[1]), dtype=torch.bool
+        ).logical_not()
 
     monkeypatch.setattr(shared_trunk, "_causal_mask", wrong_mask)
     assert not join(model, TrunkCache(lora_layers=1)) and cache_of(model) is None
