@@ -15,8 +15,14 @@ process, interleaved with the others, best of ``--repeats``:
 * ``no-ckpt``: the same without gradient checkpointing;
 * ``bf16``: + bf16 autocast on CPU (``update.bf16_on_cpu``);
 * ``bf16-top8``: + adapters on the last 8 of 30 decoder layers (``update.lora.layers = 8``);
-* ``after``: + the first step's old log-probs from its own forward (``update.old_logprobs = forward``,
-  one minibatch holds every row, so the old-policy pass is gone).
+* ``after``: + the first step's old log-probs from its own forward (``update.old_logprobs = forward``:
+  the first minibatch's rows skip the old-policy pass; with one minibatch of every row it is gone);
+* ``shared-trunk``: + the trunk once per row (``update.shared_trunk``): the 22 frozen layers below the
+  adapters run once per row, in the reference pass, and the old pass and the optimizer steps run only
+  the top 8 layers over their output.
+
+``--minibatch M`` splits the rows into minibatches of M (the headroom preset: 64), as the update does:
+the rows outside the first minibatch then take the old-policy pass.
 
 Model FLOPs of the optimizer steps (fwd + bwd), per token of a row: forward 2·N_body + attention
 4·L·d·(t + 1)/2 summed over positions t (causal), the head 2·V·d at response positions only (graft
@@ -66,6 +72,7 @@ class Setting:
     layers: int  # 0 = every decoder layer
     checkpointing: bool
     old_from_forward: bool
+    shared_trunk: bool = False
 
 
 SETTINGS = (
@@ -74,6 +81,7 @@ SETTINGS = (
     Setting("bf16", True, 0, False, False),
     Setting("bf16-top8", True, 8, False, False),
     Setting("after", True, 8, False, True),
+    Setting("shared-trunk", True, 8, False, True, shared_trunk=True),
 )
 
 
@@ -150,13 +158,18 @@ def load_policy(model_dir: Path, setting: Setting) -> tuple[torch.nn.Module, tor
     return model, reference
 
 
-def one_iteration(model_dir: Path, rows: UpdateRows, setting: Setting, threads: int) -> dict[str, float]:
+def one_iteration(
+    model_dir: Path, rows: UpdateRows, setting: Setting, threads: int, minibatch: int
+) -> dict[str, float]:
     """Seconds of the reference pass, the old pass and the optimizer steps of one update iteration."""
+    from stages.update.shared_trunk import TrunkCache, join, leave
+    from stages.update.trainer import first_minibatch
+
     torch.set_num_threads(threads)
     model, reference = load_policy(model_dir, setting)
     cfg = UpdateConfig(
         lr=2e-5,
-        minibatch_size=rows.n,
+        minibatch_size=min(minibatch, rows.n),
         epochs=1,
         beta=0.01,
         max_tokens_per_batch=4096,
@@ -165,13 +178,20 @@ def one_iteration(model_dir: Path, rows: UpdateRows, setting: Setting, threads: 
         lora=LoraConfig(r=16, alpha=32.0, layers=setting.layers),
     )
     ctx = DistContext()
+    trunk = TrunkCache(setting.layers) if setting.shared_trunk else None
     t0 = time.perf_counter()
+    if trunk is not None and not join(reference, trunk):
+        raise SystemExit("shared-trunk: the reference could not join the trunk cache")
     ref = score_all_rows(
         reference, rows, 1.0, cfg.max_tokens_per_batch, ctx, as_tokens=True, bf16_on_cpu=setting.bf16_on_cpu
     ).tokens
+    leave(reference)
+    if trunk is not None and not join(model, trunk):
+        raise SystemExit("shared-trunk: the policy could not join the trunk cache")
     t1 = time.perf_counter()
-    first = np.arange(rows.n) if setting.old_from_forward else None
-    skip = np.arange(rows.n) if setting.old_from_forward else np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng(0)
+    first = first_minibatch(rows.n, cfg, rng) if setting.old_from_forward else None
+    skip = first if first is not None else np.zeros(0, dtype=np.int64)
     old = score_all_rows(
         model,
         rows,
@@ -183,8 +203,6 @@ def one_iteration(model_dir: Path, rows: UpdateRows, setting: Setting, threads: 
     )
     t2 = time.perf_counter()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
-    rng = np.random.default_rng(0)
-    # one minibatch holds every row, so the first (only) minibatch is every row
     result = train_policy(model, rows, old, ref, cfg, 1.0, rng, ctx, optimizer, old_from_forward=first)
     t3 = time.perf_counter()
     loss = result.steps[0][2]["loss"]
@@ -197,6 +215,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--minibatch", type=int, default=0, help="rows per minibatch (0 = every row)")
     parser.add_argument("--settings", nargs="*", default=[s.name for s in SETTINGS])
     parser.add_argument("--write", action="store_true", help="record the table in docs/results")
     args = parser.parse_args()
@@ -216,7 +235,7 @@ def main() -> None:
     best: dict[str, dict[str, float]] = {}
     for repeat in range(args.repeats):
         for setting in chosen:
-            times = one_iteration(args.model, rows, setting, args.threads)
+            times = one_iteration(args.model, rows, setting, args.threads, args.minibatch or rows.n)
             times["total"] = times["ref"] + times["old"] + times["train"]
             print(
                 f"repeat {repeat} {setting.name}: " + " ".join(f"{k} {v:.2f}" for k, v in times.items()),
@@ -252,14 +271,23 @@ def main() -> None:
     if args.write:
         from bench.section_writer import write_section
 
-        before, after = best.get("before"), best.get("after")
-        speedup = f"{before['total'] / after['total']:.1f}×" if before and after else "n/a"
+        ratios = [
+            f"{a} → {b}: {best[a]['total'] / best[b]['total']:.2f}× less time per update iteration"
+            for a, b in (("before", "after"), ("after", "shared-trunk"))
+            if a in best and b in best
+        ]
+        names = [s.name for s in chosen]
+        title = "SmolLM2-135M update on CPU: before and after"
+        if names != [s.name for s in SETTINGS] or args.minibatch:
+            title = (
+                f"SmolLM2-135M update on CPU: {', '.join(names)}, minibatches of {args.minibatch or rows.n}"
+            )
         write_section(
             Path("docs/results/update-speed.md"),
-            "SmolLM2-135M update on CPU: before and after",
+            title,
             f"{summary}. Best of {args.repeats} interleaved repeats; the update iteration is the reference "
-            f"pass + the old pass + the optimizer step (one minibatch of every row).\n\n{table}\n\n"
-            f"before → after: {speedup} less time per update iteration.",
+            f"pass + the old pass + the optimizer steps (minibatches of {args.minibatch or rows.n} rows, "
+            f"one epoch).\n\n{table}\n\n" + "; ".join(ratios or ["no pair of settings to compare"]) + ".",
         )
 
 
