@@ -11,6 +11,11 @@ data we ship for tests; ALFWorld 2.x's ``move A to X`` is not used), ``clean A w
 must be opened before its contents can be seen, taken or added to, and an action outside the
 admissible list prints "Nothing happens." without changing the world.
 
+``irreversible = true`` (not ALFWorld's rule; an option for credit-assignment benchmarks) makes one
+kind of mistake final: putting an object of the goal's kind anywhere but a goal receptacle (for a
+look-at-in-light task: anywhere) breaks it, and the episode ends at once, lost. Every other step
+stays reversible, so a failed episode holds one decisive step among steps that were fine.
+
 Reward: step reward 0; a won episode ends with outcome ``success_outcome`` = 10, anything else 0
 (the Episode wrapper adds the invalid-action penalty).
 
@@ -147,6 +152,7 @@ DEFAULTS: dict[str, Any] = {
     "layout_seed": 0,
     "task_types": list(TASK_TYPES),
     "info_actions": True,
+    "irreversible": False,
 }
 
 
@@ -319,11 +325,13 @@ class _World:
 class HouseholdGame:
     """One episode of a household task."""
 
-    def __init__(self, info_actions: bool = True) -> None:
+    def __init__(self, info_actions: bool = True, irreversible: bool = False) -> None:
         self.info_actions = info_actions
+        self.irreversible = irreversible
         self.spec: dict[str, Any] = {}
         self.world = _World()
         self.won = False
+        self.broken: str | None = None  # the goal object a final mistake broke (``irreversible``)
 
     # -- reset / step ---------------------------------------------------------------------------
     def reset(self, task: Task) -> Observation:
@@ -339,6 +347,7 @@ class HouseholdGame:
             props={name: set() for name, _ in spec["objects"]},
         )
         self.won = False
+        self.broken = None
         text = (
             "-= Welcome to TextWorld, ALFRED! =-\n\n"
             + self._look_text()
@@ -348,7 +357,7 @@ class HouseholdGame:
 
     def step(self, action: str) -> Transition:
         action = action.strip().lower()
-        if self.won or action not in self.admissible():
+        if self.won or self.broken or action not in self.admissible():
             text = "Nothing happens."
         else:
             text = self._apply(action)
@@ -356,7 +365,7 @@ class HouseholdGame:
         return Transition(
             observation=self._observation(text),
             reward=0.0,
-            terminated=self.won,
+            terminated=self.won or self.broken is not None,
             won=self.won,
             score=1.0 if self.won else 0.0,
             outcome=10.0 if self.won else 0.0,
@@ -428,6 +437,9 @@ class HouseholdGame:
         if action.startswith("put "):
             obj = w.held
             w.where[obj], w.held = w.location, None  # type: ignore[index]
+            if self._breaks(obj, w.location):  # type: ignore[arg-type]
+                self.broken = obj
+                return f"You put the {obj} in/on the {w.location}. The {obj} breaks."
             return f"You put the {obj} in/on the {w.location}."
         if action.startswith(("clean ", "heat ", "cool ")):
             verb = action.split(" ", 1)[0]
@@ -459,6 +471,12 @@ class HouseholdGame:
                 words = ["cold"]
             return f"This is a {' and '.join(words)} {kind(thing)}."
         raise AssertionError(f"unhandled admissible action {action!r}")
+
+    def _breaks(self, obj: str, receptacle: str) -> bool:
+        """``irreversible``: a goal-kind object put anywhere but a goal receptacle breaks."""
+        if not self.irreversible or kind(obj) != self.goal["object"]:
+            return False
+        return self.goal["light"] or receptacle not in self._targets()
 
     def _goal_met(self) -> bool:
         g, w = self.goal, self.world
@@ -496,6 +514,7 @@ class HouseholdGame:
         return (
             f"at={w.location or 'middle'}|hold={w.held or '-'}|open={opened}|"
             f"lamp={'on' if w.lamp_on else 'off'}|{objects}"
+            + (f"|broken={self.broken}" if self.broken else "")
         )
 
     def _observation(self, text: str) -> Observation:
@@ -513,7 +532,7 @@ class HouseholdGame:
     # -- expert ---------------------------------------------------------------------------------
     def expert_action(self) -> str | None:
         """A scripted expert with full knowledge of the room; replans from any state."""
-        if self.won:
+        if self.won or self.broken:
             return None
         g, w = self.goal, self.world
         if w.held is not None and kind(w.held) != g["object"]:
@@ -594,7 +613,9 @@ class HouseholdEnv:
         return build_task_list(ENV_NAME, split, count, seed, candidate)
 
     def new_game(self) -> HouseholdGame:
-        return HouseholdGame(info_actions=self.options["info_actions"])
+        return HouseholdGame(
+            info_actions=self.options["info_actions"], irreversible=self.options["irreversible"]
+        )
 
     def failure_outcome(self, score: float) -> float:
         return 0.0

@@ -364,3 +364,70 @@ def test_episode_win_and_error():
     record = episode.act(episode.current.admissible[0])
     assert record.done and record.truncated and record.error == "RuntimeError: engine failure"
     assert episode.error == record.error and episode.outcome == 0.0
+
+
+# --- irreversible mistakes (option) ---------------------------------------------------------------
+
+
+def test_a_misplaced_goal_object_is_recoverable_by_default():
+    game = HouseholdGame()
+    game.reset(small_task(prop=None))
+    result = play(
+        game, ["go to countertop 1", "take mug 2 from countertop 1", "put mug 2 in/on countertop 1"]
+    )
+    assert not result.terminated and "take mug 2 from countertop 1" in result.observation.admissible
+
+
+def test_irreversible_a_goal_object_put_outside_the_target_ends_the_episode_lost():
+    game = HouseholdGame(irreversible=True)
+    game.reset(small_task(prop=None))
+    before = play(game, ["go to countertop 1", "take mug 2 from countertop 1", "go to sidetable 1"])
+    assert not before.terminated
+    result = play(game, ["put mug 2 in/on sidetable 1"])
+    assert result.terminated and not result.won and result.outcome == 0.0 and result.score == 0.0
+    assert result.observation.text == "You put the mug 2 in/on the sidetable 1. The mug 2 breaks."
+    assert result.observation.state_key.endswith("|broken=mug 2")
+    assert game.expert_action() is None
+    after = game.step("take mug 2 from sidetable 1")  # nothing can undo it
+    assert after.observation.text == "Nothing happens." and after.terminated
+
+
+def test_irreversible_spares_other_objects_and_the_goal_receptacles():
+    game = HouseholdGame(irreversible=True)
+    game.reset(small_task(prop=None))
+    other = play(
+        game, ["go to countertop 1", "take apple 1 from countertop 1", "put apple 1 in/on countertop 1"]
+    )
+    assert not other.terminated  # not the goal's kind: the put is reversible
+    result = play(game, ["take mug 2 from countertop 1", "go to shelf 2", "put mug 2 in/on shelf 2"])
+    assert result.won and result.terminated  # shelf 2 is a goal receptacle (kind "shelf")
+    game.reset(small_task(prop="clean"))
+    unclean = play(
+        game,
+        ["go to countertop 1", "take mug 2 from countertop 1", "go to shelf 1", "put mug 2 in/on shelf 1"],
+    )
+    assert not unclean.terminated  # right place, property missing: take it back, clean it
+    assert (
+        play(
+            game, ["take mug 2 from shelf 1", "go to sinkbasin 1", "clean mug 2 with sinkbasin 1"]
+        ).terminated
+        is False
+    )
+
+
+def test_irreversible_in_a_light_task_any_put_of_the_goal_object_breaks_it():
+    game = HouseholdGame(irreversible=True)
+    game.reset(small_task("look_at_obj_in_light", prop=None, light=True, target=None))
+    result = play(
+        game, ["go to countertop 1", "take mug 2 from countertop 1", "put mug 2 in/on countertop 1"]
+    )
+    assert result.terminated and not result.won
+
+
+def test_the_expert_never_makes_the_irreversible_mistake():
+    env = env_of(irreversible=True)
+    for task in env.tasks("train", 120, seed=5) + env.tasks("eval", 30, seed=5):
+        _, result = play_expert(env, task, limit=40)
+        assert result is not None and result.won, task.spec
+    with pytest.raises(GraftError, match="option 'irreversible' = 'yes' is invalid; expected bool"):
+        env_of(irreversible="yes")
