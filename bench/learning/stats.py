@@ -95,3 +95,80 @@ def paired_verdict(auc: dict[str, tuple[float, float]], base: str) -> str:
             + ("**ahead**" if ahead else "not ahead")
         )
     return "Paired rule (AUC difference > 2 paired s.e.): " + "; ".join(parts) + "."
+
+
+def oracle_shares(
+    curves: dict[str, np.ndarray],
+    runs: dict[str, list[Path]],
+    base: str,
+    oracle: str = "oracle",
+    draws: int = 10_000,
+) -> str:
+    """Markdown: each variant's share of the oracle's gain over ``base``, on AUC and on the last
+    held-out success, over the seeds all three have:
+
+        share(v) = mean_s(v_s − base_s) / mean_s(oracle_s − base_s)
+
+    (1 = everything better credit could buy over ``base``, 0 = nothing, below 0 = worse than
+    ``base``), with a 90% interval from resampling the seeds with replacement (``draws`` resamples,
+    a fixed generator; resamples whose oracle gain is 0 are dropped). A share of a gain that is not
+    itself above 2 paired s.e. is not a measurement: the table says so."""
+    if oracle not in curves or base not in curves:
+        return ""
+
+    def by_seed(variant: str) -> dict[int, tuple[float, float]]:
+        out = {}
+        for row, d in zip(curves[variant], runs[variant], strict=True):
+            evals = held_out(d)
+            out[run_seed(d)] = (float(row.mean()), float("nan") if evals is None else float(evals["last"]))
+        return out
+
+    base_runs, oracle_runs = by_seed(base), by_seed(oracle)
+    rng = np.random.default_rng(0)
+    lines = [
+        f"| variant | seeds | share of the oracle's AUC gain over {base} (90% interval) "
+        f"| share of its held-out gain (90% interval) |",
+        "|---|---|---|---|",
+    ]
+    notes = []
+    for variant in curves:
+        if variant in (base, oracle):
+            continue
+        mine = by_seed(variant)
+        seeds = sorted(set(mine) & set(base_runs) & set(oracle_runs))
+        if len(seeds) < 2:
+            continue
+        cells = []
+        for k, name in ((0, "AUC"), (1, "held-out")):
+            gain = np.array([oracle_runs[s][k] - base_runs[s][k] for s in seeds])
+            mine_gain = np.array([mine[s][k] - base_runs[s][k] for s in seeds])
+            if np.isnan(gain).any() or np.isnan(mine_gain).any() or gain.mean() == 0:
+                cells.append("-")
+                continue
+            picks = rng.integers(0, len(seeds), size=(draws, len(seeds)))
+            denominators = gain[picks].mean(axis=1)
+            keep = denominators != 0
+            ratios = mine_gain[picks].mean(axis=1)[keep] / denominators[keep]
+            low, high = np.quantile(ratios, [0.05, 0.95])
+            cells.append(f"{mine_gain.mean() / gain.mean():.2f} [{low:.2f}, {high:.2f}]")
+            se = gain.std(ddof=1) / np.sqrt(len(gain))
+            if not gain.mean() > 2 * se:
+                notes.append(
+                    f"{name}: the oracle's gain {gain.mean():+.3f} is not above 2 paired s.e. ({2 * se:.3f})"
+                )
+        lines.append(f"| {variant} | {len(seeds)} | {cells[0]} | {cells[1]} |")
+    if len(lines) == 2:
+        return ""
+    caveat = (
+        f" Not measurements where the oracle's own gain is not detectable ({'; '.join(sorted(set(notes)))})."
+        if notes
+        else ""
+    )
+    return (
+        "\n".join(lines)
+        + "\n\n"
+        + (
+            f"Share = mean over seeds of (variant − {base}) / mean of ({oracle} − {base}); interval: seeds "
+            f"resampled with replacement.{caveat}"
+        )
+    )

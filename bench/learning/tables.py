@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from bench.learning.runs import held_out, run_tables
-from bench.learning.stats import mean_with_se, paired_differences, paired_verdict
+from bench.learning.stats import mean_with_se, oracle_shares, paired_differences, paired_verdict
 from stages.observe.report import training_curve
 
 
@@ -302,10 +302,14 @@ def net_credit_table(runs: dict[str, list[Path]], first: int = 5) -> str:
 def paired_sections(curves: dict[str, np.ndarray], runs: dict[str, list[Path]], base: str) -> list[str]:
     """The per-seed table, the differences to ``base`` paired by seed, and the paired rule's line."""
     table, auc = paired_differences(curves, runs, base)
-    return [
+    sections = [
         "Every run (AUC = mean training success over all iterations):",
         per_seed_table(curves, runs),
         f"Differences to {base}, paired by seed (mean ± s.e. of the per-seed differences):",
         table,
         paired_verdict(auc, base),
     ]
+    shares = oracle_shares(curves, runs, base)
+    if shares:
+        sections += ["Each credit's share of the Monte-Carlo oracle's gain (docs/credit.md):", shares]
+    return sections

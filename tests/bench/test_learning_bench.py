@@ -217,3 +217,34 @@ def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
         "130",
         "7.0e-04 / 0.30",
     ]
+
+
+def test_oracle_shares_hand_computed(tmp_path: Path) -> None:
+    from bench.learning.stats import oracle_shares
+
+    def arm(name: str, aucs: list[float], wins: list[int]) -> list[Path]:
+        return [
+            run_with_curve(tmp_path / f"{name}-s{seed}", [auc, auc], w)
+            for seed, (auc, w) in enumerate(zip(aucs, wins, strict=True))
+        ]
+
+    runs = {
+        "grpo": arm("grpo", [0.2, 0.3, 0.4], [32, 32, 32]),
+        "oracle": arm("oracle", [0.3, 0.5, 0.7], [40, 48, 56]),  # gains 0.1, 0.2, 0.3; held-out 1/8, 2/8, 3/8
+        "graft": arm("graft", [0.25, 0.4, 0.55], [36, 40, 44]),  # half of every gain, seed by seed
+        "gigpo": arm("gigpo", [0.2, 0.3, 0.4], [32, 32, 32]),  # none of it
+    }
+    _, curves = success_table(runs, 1)
+    table = oracle_shares(curves, runs, "grpo")
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in table.splitlines()[2:4]}
+    # proportional gains: every resample of the seeds gives the same ratio
+    assert rows["graft"] == ["3", "0.50 [0.50, 0.50]", "0.50 [0.50, 0.50]"]
+    assert rows["gigpo"] == ["3", "0.00 [0.00, 0.00]", "0.00 [0.00, 0.00]"]
+    assert "Not measurements" not in table  # the oracle's gains (0.2 ± 0.058) are above 2 s.e.
+    flat = {**runs, "oracle": arm("oracle-flat", [0.3, 0.2, 0.45], [32, 32, 32])}
+    _, curves = success_table(flat, 1)
+    assert "Not measurements where the oracle's own gain is not detectable" in oracle_shares(
+        curves, flat, "grpo"
+    )
+    without = {k: v for k, v in flat.items() if k != "oracle"}
+    assert oracle_shares({k: curves[k] for k in without}, without, "grpo") == ""
