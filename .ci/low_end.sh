@@ -19,4 +19,4 @@ export VLLM_CPU_KVCACHE_SPACE=1  # GiB of KV cache per engine (vLLM would take a
 "$venv/bin/python" -m pytest -p no:cacheprovider \
     tests/policy/test_vllm_real.py \
     tests/update/test_update_last_layer.py tests/update/test_update_trainer.py tests/update/test_update_loss.py \
-    tests/update/test_lora.py tests/policy/test_tiny_model.py tests/policy/test_hf_engine.py tests/policy/test_torch_extensions.py
+    tests/update/test_lora.py tests/update/test_shared_trunk.py tests/policy/test_tiny_model.py tests/policy/test_hf_engine.py tests/policy/test_torch_extensions.py
