@@ -448,7 +448,9 @@ class SftConfig:
     # checkpoint, so the run's initial policy is a plain model either way (docs/warmstart.md)
     lora: LoraConfig = field(default_factory=LoraConfig)
     gradient_checkpointing: bool = setting(False, DEFAULT)
-    bf16_on_cpu: bool | Literal["native"] = setting(False, DEFAULT, others=EXPERIMENTAL)  # as update.bf16_on_cpu
+    bf16_on_cpu: bool | Literal["native"] = setting(
+        False, DEFAULT, others=EXPERIMENTAL
+    )  # as update.bf16_on_cpu
     # off a terminal, a progress line every this many seconds (0 = none); on a terminal the bar
     log_every_s: float = setting(30.0, DEFAULT, rule=_at_least(0))
 

@@ -85,6 +85,7 @@ def test_a_command_names_the_stage_to_run_first(tmp_path: Path) -> None:
     runners = fake_runners([])
     runners["rollout"](run, 0, config)
     with pytest.raises(
-        GraftError, match=r"solve: iteration 0 of .* has no graph yet \(no .*nodes\.parquet\); run graft graph .* --iter 0"
+        GraftError,
+        match=r"solve: iteration 0 of .* has no graph yet \(no .*nodes\.parquet\); run graft graph .* --iter 0",
     ):
         run_stage(run, "solve", 0, config, runner=runners["solve"], command=StageCommand())
