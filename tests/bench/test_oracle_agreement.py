@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from bench.probes.oracle_agreement import agreement, oracle_noise
+from bench.probes.oracle_agreement import agreement, oracle_noise, oracle_noise_rows
 
 
 def test_agreement_by_hand():
@@ -43,6 +43,7 @@ def test_oracle_noise_adds_both_ends_of_a_step():
     # row 0: 4/4 + γ² 16/8; row 1 (ends): 16/8
     gamma = 0.5
     assert oracle_noise(steps, table, gamma) == pytest.approx(((1.0 + gamma**2 * 2.0) + 2.0) / 2)
+    assert oracle_noise_rows(steps, table, gamma).tolist() == pytest.approx([1.0 + gamma**2 * 2.0, 2.0])
 
 
 def test_turn_parts_by_hand():
@@ -72,15 +73,16 @@ def _six_turn_iteration(tmp_path):
     starts = oracle_starts(steps)
     rng = np.random.default_rng(0)
     returns = [rng.uniform(0.0, 10.0, size=4) for _ in range(starts.height)]
+    table = oracle_table(starts, returns)
     write_table(steps, "steps", tmp_path / "steps.parquet")
-    write_table(oracle_table(starts, returns), "oracle", tmp_path / "oracle.parquet")
-    return steps, oracle_table(starts, returns)
+    write_table(table, "oracle", tmp_path / "oracle.parquet")
+    return steps, table
 
 
 def test_agreement_by_turn_equals_agreement_on_each_part(tmp_path):
     """Each part's row equals agreement() on that part's rows alone; the oracle's reliability per part
     comes from that part's own rows (per-row noise)."""
-    from bench.probes.oracle_agreement import iteration_agreement, oracle_noise_rows
+    from bench.probes.oracle_agreement import iteration_agreement
     from schemas.config import Config
     from stages import credit
     from stages.credit.advantage.oracle import oracle_step_advantages
@@ -114,27 +116,3 @@ def test_agreement_by_turn_equals_agreement_on_each_part(tmp_path):
     whole = iteration_agreement(tmp_path, config, ["grpo"])
     assert [r["part"] for r in whole] == ["all turns", "all turns"]
     assert whole[0]["corr"] == pytest.approx(agreement(oracle_a, adv)["corr"])
-
-
-def test_oracle_noise_rows_are_per_row():
-    from bench.probes.oracle_agreement import oracle_noise_rows
-
-    steps = pl.DataFrame(
-        {
-            "group_id": ["g", "g"],
-            "step": [0, 1],
-            "state": ["a", "b"],
-            "next_state": ["b", "end"],
-            "done": [False, True],
-        }
-    )
-    table = pl.DataFrame(
-        {
-            "group_id": ["g", "g"],
-            "step": [0, 1],
-            "state": ["a", "b"],
-            "return_std": [2.0, 4.0],
-            "continuations": [4, 8],
-        }
-    )
-    assert oracle_noise_rows(steps, table, 0.5).tolist() == pytest.approx([1.0 + 0.25 * 2.0, 2.0])
