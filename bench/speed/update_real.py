@@ -19,7 +19,10 @@ process, interleaved with the others, best of ``--repeats``:
   the first minibatch's rows skip the old-policy pass; with one minibatch of every row it is gone);
 * ``shared-trunk``: + the trunk once per row (``update.shared_trunk``): the 22 frozen layers below the
   adapters run once per row, in the reference pass, and the old pass and the optimizer steps run only
-  the top 8 layers over their output.
+  the top 8 layers over their output;
+* ``f32-after``, ``f32-shared-trunk``: ``after`` and ``shared-trunk`` in float32 -- the update a
+  ``"native"`` preset runs on a CPU without native bf16 (no AMX, no AVX-512 BF16), where bf16
+  autocast would only emulate bf16.
 
 ``--minibatch M`` splits the rows into minibatches of M (the headroom preset: 64), as the update does:
 the rows outside the first minibatch then take the old-policy pass.
@@ -82,6 +85,8 @@ SETTINGS = (
     Setting("bf16-top8", True, 8, False, False),
     Setting("after", True, 8, False, True),
     Setting("shared-trunk", True, 8, False, True, shared_trunk=True),
+    Setting("f32-after", False, 8, False, True),
+    Setting("f32-shared-trunk", False, 8, False, True, shared_trunk=True),
 )
 
 
@@ -124,8 +129,12 @@ def matmul_peak(dtype: torch.dtype, tokens: int = 4096, repeats: int = 10) -> fl
     return 2 * tokens * 576 * 1536 / best
 
 
-def train_flops(model: torch.nn.Module, rows: UpdateRows, grad_layers: int) -> float:
-    """Model FLOPs of one forward + backward over every row (module docstring)."""
+def train_flops(
+    model: torch.nn.Module, rows: UpdateRows, grad_layers: int, forward_layers: int | None = None
+) -> float:
+    """Model FLOPs of one forward + backward over every row (module docstring). ``forward_layers``:
+    the decoder layers the optimizer steps' forward runs (all by default; the top K with the trunk
+    once per row, whose cached trunk is computed in the reference pass, not here)."""
     config = model.config
     layers, hidden, vocab = config.num_hidden_layers, config.hidden_size, config.vocab_size
     embed = vocab * hidden
@@ -135,7 +144,8 @@ def train_flops(model: torch.nn.Module, rows: UpdateRows, grad_layers: int) -> f
     for prompt, response in zip(rows.prompt_ids, rows.response_ids, strict=True):
         length = len(prompt) + len(response)
         attention = 4 * layers * hidden * length * (length + 1) / 2  # QK^T and AV, causal, all positions
-        forward = 2 * body * length + attention + 2 * embed * len(response)
+        ran = (forward_layers or layers) / layers
+        forward = ran * (2 * body * length + attention) + 2 * embed * len(response)
         share = grad_layers / layers
         backward = 2 * (2 * per_layer * grad_layers * length + attention * share + 2 * embed * len(response))
         total += forward + backward
@@ -254,7 +264,9 @@ def main() -> None:
     lines = [header, "|" + "---|" * 9]
     for setting in chosen:
         t = best[setting.name]
-        flops = train_flops(probe, rows, setting.layers or layers)
+        flops = train_flops(
+            probe, rows, setting.layers or layers, setting.layers if setting.shared_trunk else None
+        )
         rate = flops / t["train"]
         lines.append(
             f"| {setting.name} | {t['ref']:.1f} | {t['old']:.1f} | {t['train']:.1f} | {t['total']:.1f} | "
@@ -262,8 +274,10 @@ def main() -> None:
             f"{t['loss']:.5f} |"
         )
     table = "\n".join(lines)
+    from stages.policy.cpu_precision import cpu_precision
+
     summary = (
-        f"{rows.n} rows, {tokens} tokens ({response_tokens} response tokens), {args.threads} threads; "
+        f"{cpu_precision().describe()}; {rows.n} rows, {tokens} tokens ({response_tokens} response tokens), {args.threads} threads; "
         f"matmul peak here: float32 {peaks[False] / 1e9:.0f} GFLOP/s, bfloat16 {peaks[True] / 1e9:.0f} GFLOP/s"
     )
     print(summary)
@@ -273,7 +287,12 @@ def main() -> None:
 
         ratios = [
             f"{a} → {b}: {best[a]['total'] / best[b]['total']:.2f}× less time per update iteration"
-            for a, b in (("before", "after"), ("after", "shared-trunk"))
+            for a, b in (
+                ("before", "after"),
+                ("after", "shared-trunk"),
+                ("f32-after", "after"),
+                ("f32-after", "f32-shared-trunk"),
+            )
             if a in best and b in best
         ]
         names = [s.name for s in chosen]
