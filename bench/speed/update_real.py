@@ -53,6 +53,7 @@ import torch
 from schemas.config import LoraConfig, UpdateConfig
 from stages.envs.registry import make_env
 from stages.play.collect import model_inputs
+from stages.policy.cpu_precision import cpu_precision
 from stages.update.batching import UpdateRows
 from stages.update.distributed import DistContext
 from stages.update.lora import peft_config
@@ -274,8 +275,6 @@ def main() -> None:
             f"{t['loss']:.5f} |"
         )
     table = "\n".join(lines)
-    from stages.policy.cpu_precision import cpu_precision
-
     summary = (
         f"{cpu_precision().describe()}; {rows.n} rows, {tokens} tokens ({response_tokens} response tokens), {args.threads} threads; "
         f"matmul peak here: float32 {peaks[False] / 1e9:.0f} GFLOP/s, bfloat16 {peaks[True] / 1e9:.0f} GFLOP/s"

@@ -141,7 +141,7 @@ def test_rollout_force_does_not_combine_with_shard(tmp_path: Path, runner: CliRu
 
 @pytest.mark.slow
 def test_forced_replay_then_loop_ends_with_the_uninterrupted_tables(tmp_path_factory, tmp_path: Path) -> None:
-    """The issue's case with the real stages: replaying iteration 1's rollout removes its credit,
+    """A forced replay with the real stages: replaying iteration 1's rollout removes its credit,
     update and evaluation; the loop then redoes exactly those and ends where an untouched run is."""
     from tests.helpers.loop_runs import checkpoint_tensors, micro_config, micro_run, run_tables
 
