@@ -36,6 +36,7 @@ SETTINGS = [
     "update.minibatch_size=4",
     "update.lr=1e-5",
     "update.beta=0.01",
+    "update.kl_probe_rows=1",  # the exact-KL probe runs on one real row: the path, not the estimate
     "eval.group_size=1",
     "run.eval_every=0",
 ]
@@ -76,7 +77,7 @@ def test_the_converted_directory_is_a_plain_hf_model(smollm2: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["generate", "choose"])
-def test_rollout_update_reload_and_resume(smollm2: Path, tmp_path: Path, mode: str) -> None:
+def test_rollout_update_and_reload(smollm2: Path, tmp_path: Path, mode: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from schemas import validate_steps
@@ -99,9 +100,8 @@ def test_rollout_update_reload_and_resume(smollm2: Path, tmp_path: Path, mode: s
 
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, load_model(run.checkpoint_dir(0))(ids).logits)
-    if mode == "generate":  # a resumed loop extends the run from that checkpoint (once: each is 1.6 GB)
-        results = run_loop(run, config, 2)
-        assert [r.iteration for r in results] == [1] and run.stage_complete("update", 1)
+    # resuming from a checkpoint goes through the same load_model for any tied-embedding causal LM:
+    # tests/loop/test_loop.py kills a tiny model's loop in every stage and resumes it to the same tables
 
 
 def test_a_lora_update_and_export_on_the_real_model(smollm2: Path, tmp_path: Path) -> None:
