@@ -334,7 +334,9 @@ class UpdateConfig:
     minibatch_size: int = setting(256, PAPER, rule=_at_least(1))
     # range: the ratio's lower clip is 1 - clip_low
     clip_low: float = setting(0.2, DEFAULT, rule=_within(0, 1))
-    clip_high: float = setting(0.2, DEFAULT, rule=_at_least(0))
+    # the upper clip 1 + clip_high. Eq. 4 clips both sides by one ε; another value makes the clip
+    # asymmetric (DAPO's clip-higher: 0.28 above a 0.2 below), beyond the paper: experimental
+    clip_high: float = setting(0.2, DEFAULT, others=EXPERIMENTAL, rule=_at_least(0))
     beta: float = setting(0.01, PAPER, rule=_at_least(0))
     # range: 0 = no clipping
     grad_clip: float = setting(1.0, DEFAULT, rule=_at_least(0))

@@ -366,6 +366,7 @@ def test_the_tier_of_a_value():
     assert tier_of("advantage.node_std_floor", 0.1) == "experimental"
     assert tier_of("rollout.mode", "choose") == "default" and tier_of("rollout.mode", "generate") == "paper"
     assert tier_of("rollout.temperature", 0.7) == "paper"  # a tuned value of a paper setting
+    assert tier_of("update.clip_high", 0.2) == "default" and tier_of("update.clip_high", 0.28) == "experimental"
     with pytest.raises(KeyError):
         tier_of("advantage.nope", 1)
 
@@ -383,7 +384,7 @@ def test_docs_list_every_experimental_and_legacy_value():
             listed += [(key, value) for value, tier in others.items() if tier in (EXPERIMENTAL, LEGACY)]
         elif others in (EXPERIMENTAL, LEGACY):
             listed.append((key, None))
-    assert len(listed) == 14
+    assert len(listed) == 15
 
     def toml(value: object) -> str:
         return ("true" if value else "false") if isinstance(value, bool) else f'"{value}"'
