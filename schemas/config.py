@@ -776,6 +776,9 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, Rule]]] = {
         "dtype": (str, _one_of("float32", "bfloat16", "float16", "native")),
         "enforce_eager": (bool, (lambda v: True, "")),  # default: true on CPU, vLLM's own on GPU
         "kv_cache_gib": (float, _above(0)),  # KV cache size; default 1 on CPU, vLLM's own on GPU
+        # CPU: the model worker's threads on vLLM's cores ("auto": one core kept for its scheduler on
+        # x86) or on every core this process may use ("all"); stages/policy/vllm_engine.py
+        "cpu_cores": (str, _one_of("auto", "all")),
         "gpu_memory_utilization": (float, _within(0, 1, low_open=True)),
         "tensor_parallel_size": (int, _at_least(1)),
         "max_model_len": (int, _at_least(1)),  # default rollout.max_prompt_tokens + max_new_tokens

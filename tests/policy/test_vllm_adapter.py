@@ -264,3 +264,44 @@ def test_native_dtype_follows_the_cpus_bf16_support(models, monkeypatch, native_
         models[0], "initial", EngineOptions(device="cuda", extra={"dtype": "native"}), vllm_module=fake_vllm
     )
     assert FakeLLM.instances[1].kwargs["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize(("cores", "bound"), [("all", "0,1"), ("auto", None)])
+def test_all_cores_bind_the_cpu_workers_threads_only_while_the_engine_starts(
+    models, monkeypatch, cores, bound
+) -> None:
+    # vLLM's processes copy os.environ when LLM() starts them: the binding must be there then, and
+    # gone afterwards (another engine, or the trainer's own threads, must not inherit it)
+    import os
+
+    from stages.policy import vllm_engine
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(vllm_engine.os, "sched_getaffinity", lambda pid: {1, 0})
+    seen: list[str | None] = []
+
+    class EnvLLM(FakeLLM):
+        def __init__(self, **kwargs: Any) -> None:
+            seen.append(os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
+            super().__init__(**kwargs)
+
+    cpu_vllm = types.SimpleNamespace(
+        **{
+            **vars(fake_vllm),
+            "LLM": EnvLLM,
+            "platforms": types.SimpleNamespace(current_platform=CPUPlatform()),
+        }
+    )
+    VLLMEngine(models[0], "initial", EngineOptions(extra={"cpu_cores": cores}), vllm_module=cpu_vllm)
+    assert seen == [bound] and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    # a binding the user set stays theirs under "auto", and comes back after "all"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
+    VLLMEngine(models[0], "initial", EngineOptions(extra={"cpu_cores": cores}), vllm_module=cpu_vllm)
+    assert seen[-1] == (bound or "1") and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    # on a GPU the option does nothing
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    gpu_vllm = types.SimpleNamespace(**{**vars(fake_vllm), "LLM": EnvLLM})
+    VLLMEngine(
+        models[0], "initial", EngineOptions(device="cuda", extra={"cpu_cores": cores}), vllm_module=gpu_vllm
+    )
+    assert seen[-1] is None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ

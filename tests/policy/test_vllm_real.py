@@ -59,7 +59,8 @@ def engine(models):
     from stages.policy.engine import EngineOptions
     from stages.policy.vllm_engine import VLLMEngine
 
-    options = EngineOptions(device="cpu", lora_rank=4, extra={"max_model_len": 512})
+    # every core to the model worker (vLLM's own binding keeps one for its scheduler): checked below
+    options = EngineOptions(device="cpu", lora_rank=4, extra={"max_model_len": 512, "cpu_cores": "all"})
     built = VLLMEngine(models[0], "initial", options)
     yield built
     built.close()
@@ -277,6 +278,40 @@ def test_a_rollout_is_reproducible_and_its_prompts_fit(engine) -> None:
         assert steps.equals(play(mode)[0])  # same seed, same steps, log-probs included
         assert stats["prompt_truncated"] > 0
         assert max(len(ids) for ids in steps["prompt_ids"].to_list()) <= 40
+
+
+def _children(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def test_all_cores_give_the_model_worker_a_thread_on_every_core(engine) -> None:
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    workers = [
+        pid
+        for pid in _children(os.getpid())
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "VLLM::Worker"
+    ]
+    assert len(workers) == 1
+    environ = dict(
+        item.split("=", 1)
+        for item in Path(f"/proc/{workers[0]}/environ").read_text().split("\0")
+        if "=" in item
+    )
+    assert environ["OMP_NUM_THREADS"] == str(len(cores))  # vLLM's own binding: len(cores) - 1
 
 
 def test_a_release_is_a_no_op_on_cpu(engine) -> None:

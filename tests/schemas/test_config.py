@@ -297,8 +297,8 @@ def test_lora_table_is_validated_where_it_is_defined(tmp_path):
             "vllm",
             "gpu_memory_util=0.5",
             r"'rollout.engine_options.gpu_memory_util' is not an option of "
-            r"rollout.engine = 'vllm' \(valid: dtype, enforce_eager, gpu_memory_utilization, kv_cache_gib, lora, "
-            r"max_model_len, reload, tensor_parallel_size\)",
+            r"rollout.engine = 'vllm' \(valid: cpu_cores, dtype, enforce_eager, gpu_memory_utilization, "
+            r"kv_cache_gib, lora, max_model_len, reload, tensor_parallel_size\)",
         ),
         (
             "vllm",
@@ -311,6 +311,12 @@ def test_lora_table_is_validated_where_it_is_defined(tmp_path):
         ("vllm", "tensor_parallel_size=true", r"expected int"),
         ("vllm", "enforce_eager=1", r"expected bool"),
         ("vllm", "dtype='fp8'", r"must be one of 'float32', 'bfloat16', 'float16'"),
+        (
+            "vllm",
+            "cpu_cores='half'",
+            r"'rollout.engine_options.cpu_cores' = 'half' is invalid; must be one of 'auto', 'all'",
+        ),
+        ("vllm", "cpu_cores=2", r"'rollout.engine_options.cpu_cores' = 2 is invalid; expected str"),
         (
             "hf",
             "reload='fresh'",
