@@ -219,7 +219,7 @@ class RolloutConfig:
     # environment exceptions tolerated per iteration before aborting
     max_env_errors: int = setting(8, DEFAULT, rule=_at_least(0))
     # engine-specific settings, checked against ENGINE_OPTIONS below (hf: token_budget, logit_budget;
-    # vllm: reload, lora, dtype, enforce_eager, kv_cache_gib, gpu_memory_utilization,
+    # vllm: reload, lora, dtype, enforce_eager, kv_cache_gib, cpu_cores, block_size, gpu_memory_utilization,
     # tensor_parallel_size, max_model_len; docs/rollout.md)
     engine_options: dict[str, Any] = setting({}, DEFAULT)
     # free the rollout engine (its model; a vLLM engine's GPU memory) before the loop's update and
@@ -779,6 +779,10 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, Rule]]] = {
         # CPU: the model worker's threads on vLLM's cores ("auto": one core kept for its scheduler on
         # x86) or on every core this process may use ("all"); stages/policy/vllm_engine.py
         "cpu_cores": (str, _one_of("auto", "all")),
+        # tokens per KV-cache block, the granularity of prefix-cache hits; default vLLM's (128 on CPU,
+        # where a shared prefix shorter than a block is recomputed; docs/rollout.md); on CPU a
+        # multiple of 32 (its attention kernel's), checked with run.device
+        "block_size": (int, (lambda v: v >= 16 and v % 16 == 0, "must be a multiple of 16")),
         "gpu_memory_utilization": (float, _within(0, 1, low_open=True)),
         "tensor_parallel_size": (int, _at_least(1)),
         "max_model_len": (int, _at_least(1)),  # default rollout.max_prompt_tokens + max_new_tokens
@@ -803,6 +807,8 @@ def _check_engine_options(config: Config, source: str) -> None:
             raise GraftError(f"{where} = {value!r} is invalid; numbers must be finite")
         if not ok(value):
             raise GraftError(f"{where} = {value!r} is invalid; {message}")
+        if key == "block_size" and config.run.device == "cpu" and value % 32:
+            raise GraftError(f"{where} = {value!r} is invalid; vLLM's CPU attention needs a multiple of 32")
 
 
 def _check_ranges(values: Any, source: str, prefix: str = "") -> None:

@@ -177,7 +177,8 @@ def collect_episodes(
     environment exceptions than this abort with a GraftError (None = no limit).
     ``settings.batch_scope``: "all" batches every active episode of a turn, "group" only the episodes
     of one group (see ``turn_batches``). ``stats`` (optional dict) receives counters: env_errors,
-    prompt_truncated, scored_tokens, policy_calls. ``settings.action_parsing``: the rule that reads
+    prompt_truncated, scored_tokens, policy_calls, and with an engine that counts its prefix-cache hits
+    (vLLM) prompt_tokens_cached. ``settings.action_parsing``: the rule that reads
     generate-mode responses and decides which turns are invalid (``env.action_parsing``,
     ``stages.envs.parser``); choose mode picks an admissible action, valid under both rules.
     ``prefixes[k]`` (continuations, the Monte-Carlo oracle): (action, valid) pairs replayed on every
@@ -203,6 +204,7 @@ def collect_episodes(
     group_digits = max(2, len(str(max((group_count or 0) - 1, *group_ids, 0))))
     rollout_digits = len(str(group_size - 1))
     counters = {"env_errors": 0.0, "prompt_truncated": 0.0, "scored_tokens": 0.0, "policy_calls": 0.0}
+    cached_before = getattr(engine, "cached_prompt_tokens", None)  # only engines with a prefix cache
     first_error: list[str] = []
 
     def env_error(message: str, task: Task) -> None:
@@ -266,6 +268,8 @@ def collect_episodes(
     finally:
         close()
     counters["prompt_truncated"] = float(renderer.truncated)
+    if cached_before is not None:
+        counters["prompt_tokens_cached"] = float(engine.cached_prompt_tokens - cached_before)  # type: ignore[attr-defined]
     if stats is not None:
         stats.update(counters)
     return _steps_frame(slots, iteration, policy_version, group_digits, rollout_digits)

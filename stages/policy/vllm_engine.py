@@ -208,6 +208,9 @@ class VLLMEngine:
         self.lora_ids = 0
         self.merged: Path | None = None  # a LoRA checkpoint merged for reload (lora = "merged")
         self.starts = 0  # engines built (``reload = "in_place"`` keeps it at 1)
+        # prompt tokens sent, and those vLLM took from its prefix cache instead of computing them
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
         self.policy_version = version
         self.load(model_dir, version)
 
@@ -242,12 +245,17 @@ class VLLMEngine:
         }
         if self.on_cpu:
             kwargs.update(_whole_prefills(int(extra.get("max_model_len", 0))))
+            if int(extra.get("block_size", 32)) % 32:  # run.device = "auto" passes the config's check
+                raise GraftError(
+                    f"rollout.engine_options.block_size = {extra['block_size']}: vLLM's CPU attention "
+                    "needs a multiple of 32"
+                )
         else:
             kwargs["gpu_memory_utilization"] = float(extra.get("gpu_memory_utilization", 0.85))
             kwargs["enable_sleep_mode"] = self.sleep_mode
             if "kv_cache_gib" in extra:
                 kwargs["kv_cache_memory_bytes"] = int(float(extra["kv_cache_gib"]) * 2**30)
-        for key in ("tensor_parallel_size", "max_model_len"):
+        for key in ("tensor_parallel_size", "max_model_len", "block_size"):
             if key in extra:
                 kwargs[key] = int(extra[key])
         if self.serve_adapters:
@@ -371,7 +379,11 @@ class VLLMEngine:
         if self.asleep:  # released for an update, then asked again without a new checkpoint
             assert self.model_dir is not None
             self.load(self.model_dir, self.policy_version)
-        return self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
+        for out in outputs:
+            self.prompt_tokens += len(out.prompt_token_ids or ())
+            self.cached_prompt_tokens += int(out.num_cached_tokens or 0)
+        return outputs
 
     def score_choices(
         self, prompts_ids: Sequence[Sequence[int]], choices_ids: Sequence[Sequence[Sequence[int]]]

@@ -127,6 +127,8 @@ def _play_iteration(
         "prompt_truncated": stats.get("prompt_truncated", 0.0),
         "env_errors": stats.get("env_errors", 0.0),  # includes tasks whose reset failed (no rows)
     }
+    if "prompt_tokens_cached" in stats:  # prompt tokens the engine's prefix cache served (vLLM)
+        extra["prompt_tokens_cached"] = stats["prompt_tokens_cached"]
     table = None
     if oracle:  # after the rollout's own timing: its cost is reported on its own (oracle_seconds)
         table, cost = play_oracle(

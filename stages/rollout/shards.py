@@ -34,8 +34,9 @@ def merge_rollout_shards(run: Run, iteration: int, config: Config, shards: int) 
 
     Rows are ordered by (group_id, traj_id, step), the order of an unsharded rollout. Metrics are
     recomputed from the merged rows; ``seconds`` is the slowest shard's, and the counts the steps cannot
-    show (``env_errors`` with tasks whose reset failed, ``prompt_truncated``) are the shards' sums, so
-    the rows are an unsharded rollout's plus ``shards``. The shard files are removed after the merge.
+    show (``env_errors`` with tasks whose reset failed, ``prompt_truncated``, ``prompt_tokens_cached``)
+    are the shards' sums, so the rows are an unsharded rollout's plus ``shards``. The shard files are
+    removed after the merge.
     Returns True when ``steps.parquet`` exists afterwards.
     """
     if run.stage_complete("rollout", iteration):
@@ -57,8 +58,10 @@ def merge_rollout_shards(run: Run, iteration: int, config: Config, shards: int) 
     env = make_environment(config)
     seconds = float(shard_rows.filter(pl.col("name") == "seconds")["value"].max() or 0.0)
     extra = {"seconds": seconds, "steps_per_second": steps.height / seconds if seconds > 0 else 0.0}
-    for name in ("prompt_truncated", "env_errors"):
-        extra[name] = float(shard_rows.filter(pl.col("name") == name)["value"].sum())
+    for name in ("prompt_truncated", "env_errors", "prompt_tokens_cached"):
+        counts = shard_rows.filter(pl.col("name") == name)["value"]
+        if name != "prompt_tokens_cached" or counts.len():  # only engines with a prefix cache count it
+            extra[name] = float(counts.sum())
     metrics = rollout_metrics(
         steps, float(env.success_outcome), iteration, {**extra, "shards": float(shards)}
     )

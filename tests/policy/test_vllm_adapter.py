@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from schemas.errors import GraftError
 from stages.policy.engine import EngineOptions
 from stages.policy.tiny import TinySpec, build_tiny_model
 from stages.policy.vllm_engine import VLLMEngine
@@ -49,12 +50,33 @@ class FakeLLM:
     def generate(self, prompts, params, use_tqdm=True, lora_request=None):
         self.events.append(("generate", lora_request))
         outs = []
-        for _prompt in prompts:
+        for prompt in prompts:
             completion = types.SimpleNamespace(
                 token_ids=[1], logprobs=[{1: -0.5}], finish_reason="length", stop_reason=None
             )
-            outs.append(types.SimpleNamespace(prompt_logprobs=None, outputs=[completion]))
+            ids = prompt["prompt_token_ids"]
+            outs.append(
+                types.SimpleNamespace(
+                    prompt_logprobs=None,
+                    outputs=[completion],
+                    prompt_token_ids=ids,
+                    num_cached_tokens=self.cached(ids),
+                )
+            )
         return outs
+
+    def cached(self, ids: list[int]) -> int:
+        """A prefix cache in whole blocks: the longest shared prefix with an earlier prompt, in blocks."""
+        block = self.kwargs.get("block_size", 128)
+        seen = getattr(self, "seen", [])
+        longest = 0
+        for old in seen:
+            n = next(
+                (i for i, (a, b) in enumerate(zip(old, ids, strict=False)) if a != b), min(len(old), len(ids))
+            )
+            longest = max(longest, n)
+        self.seen = [*seen, list(ids)]
+        return longest // block * block
 
     def collective_rpc(self, method: str, args=(), kwargs=None):
         self.events.append(("rpc", method, *args))
@@ -305,3 +327,25 @@ def test_all_cores_bind_the_cpu_workers_threads_only_while_the_engine_starts(
         models[0], "initial", EngineOptions(device="cuda", extra={"cpu_cores": cores}), vllm_module=gpu_vllm
     )
     assert seen[-1] is None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+
+
+def test_the_engine_counts_the_prompt_tokens_its_prefix_cache_served(models) -> None:
+    # rollout metrics read these two counts (prompt_tokens_cached_share); vLLM reports the hits per
+    # request (RequestOutput.num_cached_tokens), in whole KV-cache blocks
+    engine = VLLMEngine(models[0], "initial", EngineOptions(extra={"block_size": 16}), vllm_module=fake_vllm)
+    assert FakeLLM.instances[-1].kwargs["block_size"] == 16
+    shared = list(range(40))
+    engine.generate([shared + [100, 101], shared + [200]], temperature=1.0, max_new_tokens=1, seeds=[0, 1])
+    assert (engine.prompt_tokens, engine.cached_prompt_tokens) == (42 + 41, 32)
+    engine.generate([[*shared[:20], 5]], temperature=1.0, max_new_tokens=1, seeds=[2])
+    assert (engine.prompt_tokens, engine.cached_prompt_tokens) == (83 + 21, 32 + 16)
+
+
+def test_a_cpu_engine_refuses_a_block_size_its_attention_cannot_use(models) -> None:
+    cpu_vllm = types.SimpleNamespace(
+        **{**vars(fake_vllm), "platforms": types.SimpleNamespace(current_platform=CPUPlatform())}
+    )
+    with pytest.raises(GraftError, match=r"block_size = 48: vLLM's CPU attention needs a multiple of 32"):
+        VLLMEngine(models[0], "initial", EngineOptions(extra={"block_size": 48}), vllm_module=cpu_vllm)
+    VLLMEngine(models[0], "initial", EngineOptions(extra={"block_size": 64}), vllm_module=cpu_vllm)
+    assert FakeLLM.instances[-1].kwargs["block_size"] == 64

@@ -171,6 +171,19 @@ def test_seeded_batches_beyond_the_schedulers_token_budget_do_not_crash(engine) 
     assert [g.response_ids for g in again] == [first[i].response_ids for i in order]
 
 
+def test_the_prefix_cache_serves_a_repeated_prompt_in_whole_blocks(engine) -> None:
+    # the counts behind the rollout's prompt_tokens_cached metric: a new prompt computes every token;
+    # sent again, its whole blocks (vLLM's CPU default: 128 tokens) but the last token come from the cache
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    prompt = np.random.default_rng(77).integers(3, len(engine.tokenizer), 300).tolist()
+    sent, cached = engine.prompt_tokens, engine.cached_prompt_tokens
+    engine.generate([prompt], temperature=1.0, max_new_tokens=2, stop=(), seeds=[1])
+    assert (engine.prompt_tokens - sent, engine.cached_prompt_tokens - cached) == (300, 0)
+    engine.generate([prompt], temperature=1.0, max_new_tokens=2, stop=(), seeds=[1])
+    assert engine.prompt_tokens - sent == 600
+    assert engine.cached_prompt_tokens - cached == (300 - 1) // block * block > 0
+
+
 def test_stop_strings_and_max_new_tokens(engine) -> None:
     for seed in range(40):  # a prompt whose greedy start decodes to whole characters (a random model
         prompt = prompts_of(engine, 1, seed=seed)  # may start with a lone byte of a UTF-8 sequence)

@@ -497,6 +497,30 @@ def test_a_task_that_cannot_reset_is_counted_and_skipped(engine) -> None:
         _collect(engine, BrokenReset(), tasks=3, group_size=2, max_env_errors=1)
 
 
+def test_prefix_cache_hits_are_counted_only_for_engines_that_report_them(engine) -> None:
+    # an engine with a prefix cache (vLLM) keeps running totals over its life; a rollout reports the
+    # hits of its own calls: the difference, not the total
+    class CountingEngine:
+        def __init__(self, inner) -> None:
+            self.inner, self.cached_prompt_tokens, self.calls = inner, 1000, []
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def score_choices(self, prompts_ids, choices_ids):
+            self.calls.append(sum(len(p) for p in prompts_ids))
+            self.cached_prompt_tokens += self.calls[-1] // 2
+            return self.inner.score_choices(prompts_ids, choices_ids)
+
+    counting = CountingEngine(engine)
+    stats: dict[str, float] = {}
+    _collect(counting, tasks=2, group_size=2, stats=stats)
+    assert counting.calls and stats["prompt_tokens_cached"] == sum(n // 2 for n in counting.calls)
+    plain: dict[str, float] = {}
+    _collect(engine, tasks=2, group_size=2, stats=plain)
+    assert "prompt_tokens_cached" not in plain and plain["policy_calls"] > 0
+
+
 def test_chat_models_get_the_chat_template(model_dir) -> None:
     chat_engine = build_engine("hf", model_dir, "initial", EngineOptions(prompt_format="chat"))
     steps = _collect(chat_engine, tasks=1, group_size=1, max_env_errors=0)

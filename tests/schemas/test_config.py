@@ -297,7 +297,7 @@ def test_lora_table_is_validated_where_it_is_defined(tmp_path):
             "vllm",
             "gpu_memory_util=0.5",
             r"'rollout.engine_options.gpu_memory_util' is not an option of "
-            r"rollout.engine = 'vllm' \(valid: cpu_cores, dtype, enforce_eager, gpu_memory_utilization, "
+            r"rollout.engine = 'vllm' \(valid: block_size, cpu_cores, dtype, enforce_eager, gpu_memory_utilization, "
             r"kv_cache_gib, lora, max_model_len, reload, tensor_parallel_size\)",
         ),
         (
@@ -318,6 +318,17 @@ def test_lora_table_is_validated_where_it_is_defined(tmp_path):
         ),
         ("vllm", "cpu_cores=2", r"'rollout.engine_options.cpu_cores' = 2 is invalid; expected str"),
         (
+            "vllm",
+            "block_size=24",
+            r"'rollout.engine_options.block_size' = 24 is invalid; must be a multiple of 16",
+        ),
+        ("vllm", "block_size=0", r"must be a multiple of 16"),
+        (
+            "vllm",
+            "block_size=16",
+            r"block_size' = 16 is invalid; vLLM's CPU attention needs a multiple of 32",
+        ),
+        (
             "hf",
             "reload='fresh'",
             r"not an option of rollout.engine = 'hf' \(valid: logit_budget, token_budget\)",
@@ -328,6 +339,15 @@ def test_lora_table_is_validated_where_it_is_defined(tmp_path):
 def test_engine_options_are_checked_for_the_chosen_engine(engine, item, message):
     with pytest.raises(GraftError, match=message):
         load_config(None, [f"rollout.engine={engine}", f"rollout.engine_options.{item}"])
+
+
+def test_a_block_size_of_16_is_only_for_a_gpu():
+    gpu = load_config(
+        None, ["run.device=cuda", "rollout.engine=vllm", "rollout.engine_options.block_size=16"]
+    )
+    assert gpu.rollout.engine_options["block_size"] == 16
+    cpu = load_config(None, ["rollout.engine=vllm", "rollout.engine_options.block_size=32"])
+    assert cpu.rollout.engine_options["block_size"] == 32
 
 
 def test_valid_engine_options_load():
