@@ -312,7 +312,19 @@ def test_run_rollout_writes_metrics_and_steps(tmp_path, corridor_registered) -> 
     assert not run.table_path(3, "steps").exists()
 
 
-def test_shards_merge_into_the_unsharded_table(tmp_path, corridor_registered) -> None:
+def test_shards_merge_into_the_unsharded_table(tmp_path, corridor_registered, monkeypatch) -> None:
+    # an engine that counts prefix-cache hits (as vLLM does): here one "hit" per prompt scored, so the
+    # shards' counts add up to the unsharded rollout's
+    from stages.policy.hf_engine import HFEngine
+
+    score = HFEngine.score_choices
+
+    def counting(self, prompts_ids, choices_ids):
+        self.cached_prompt_tokens = getattr(self, "cached_prompt_tokens", 0) + len(prompts_ids)
+        return score(self, prompts_ids, choices_ids)
+
+    monkeypatch.setattr(HFEngine, "score_choices", counting)
+    monkeypatch.setattr(HFEngine, "cached_prompt_tokens", 0, raising=False)
     config = _config()
     whole = create_run(tmp_path / "whole", config)
     ensure_initial_model(whole, config)  # the command's preparation; the stage builds nothing
@@ -326,6 +338,13 @@ def test_shards_merge_into_the_unsharded_table(tmp_path, corridor_registered) ->
     a, b = whole.read(0, "steps"), sharded.read(0, "steps")
     assert a.drop("response_logprobs").equals(b.drop("response_logprobs"))
     assert not list(sharded.iter_dir(0).glob("*.shard-*"))
+    cached = [
+        read_table(run.iter_dir(0) / "metrics_rollout.parquet", "metrics")
+        .filter(pl.col("name") == "prompt_tokens_cached", pl.col("task_type").is_null())["value"]
+        .to_list()
+        for run in (whole, sharded)
+    ]
+    assert cached[0] == cached[1] == [float(a.height)]  # every turn's prompt scored once
 
 
 @pytest.mark.parametrize("mode", ["choose", "generate"])
