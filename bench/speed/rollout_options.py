@@ -142,6 +142,20 @@ def parser(description: str, repeats: int = 1) -> argparse.ArgumentParser:
     return p
 
 
+def main_with(option: str, values: Sequence[str], description: str, repeats: int = 1) -> None:
+    """The command line of a bench that compares ``values`` of one fixed ``option``."""
+    args = parser(description, repeats=repeats).parse_args()
+    compare(
+        args.config,
+        Path(args.model),
+        option,
+        values,
+        repeats=args.repeats,
+        iteration=args.iteration,
+        extra=args.extra,
+    )
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument(

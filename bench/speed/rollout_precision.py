@@ -18,22 +18,11 @@ its native bf16 flags (stages/policy/cpu_precision.py).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from bench.speed.rollout_options import compare, parser
+from bench.speed.rollout_options import main_with
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0], repeats=2).parse_args()
-    compare(
-        args.config,
-        Path(args.model),
-        "dtype",
-        ["float32", "bfloat16"],
-        repeats=args.repeats,
-        iteration=args.iteration,
-        extra=args.extra,
-    )
+    main_with("dtype", ["float32", "bfloat16"], __doc__.splitlines()[0], repeats=2)
 
 
 if __name__ == "__main__":
