@@ -244,6 +244,29 @@ EVAL = TableSpec(
     reads=(1,),
 )
 
+EVAL_EPISODES = TableSpec(
+    "eval_episodes",
+    1,
+    "one row per episode of an evaluation of the run's policy: the draws behind the eval table's rates",
+    (
+        _c("iter", _i32, "training iteration of the evaluated checkpoint (-1: the initial policy)"),
+        _c("checkpoint", _str, "checkpoint that was evaluated"),
+        _c(
+            "traj_id",
+            _str,
+            "the episode's draw: under eval.draws = common every evaluation of a run plays the same "
+            "traj_id with the same task and sampling streams",
+        ),
+        _c("task_id", _str, "environment task identifier"),
+        _c("task_type", _str, "task type", True),
+        _c("success", _f64, "1 when the outcome reached the environment's success outcome, else 0"),
+        _c("return", _f64, "G = sum of step rewards + outcome"),
+        _c("turns", _f64, "turns played"),
+        _c("score", _f64, "task score in [0, 1]"),
+        _c("invalid", _f64, "turns whose output was unparseable or inadmissible"),
+    ),
+)
+
 UPDATE = TableSpec(
     "update",
     1,
@@ -305,5 +328,18 @@ ORACLE = TableSpec(
 
 TABLES: dict[str, TableSpec] = {
     t.name: t
-    for t in (STEPS, NODES, EDGES, VALUES, ADVANTAGES, METRICS, EVAL, UPDATE, REFLOGPROBS, TRUTH, ORACLE)
+    for t in (
+        STEPS,
+        NODES,
+        EDGES,
+        VALUES,
+        ADVANTAGES,
+        METRICS,
+        EVAL,
+        EVAL_EPISODES,
+        UPDATE,
+        REFLOGPROBS,
+        TRUTH,
+        ORACLE,
+    )
 }

@@ -122,7 +122,7 @@ def remedy(run: Run, iteration: int, damage: Damage) -> str:
         return "remove it (no stage writes it), or restore the iteration"
     if damage.stage == "eval":
         where = "--iter -1" if iteration < 0 else f"--iter {iteration}"
-        if damage.path.name.startswith("eval_"):
+        if damage.path.name.startswith("eval_") and damage.path.name not in DERIVED_FILES["eval"]:
             return f"remove it, or evaluate again: graft eval {root} --checkpoint DIR --force"
         return f"restore the file, or evaluate again: graft eval {root} {where} --force"
     return (

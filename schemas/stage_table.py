@@ -85,7 +85,7 @@ STAGE_TABLE: tuple[Stage, ...] = (
     Stage(
         "eval",
         outputs=("eval.parquet",),
-        derived_files=("overrides_eval.json",),
+        derived_files=("eval_episodes.parquet", "overrides_eval.json"),
         tables=(),
         inputs=(),
         label="eval",

@@ -8,8 +8,9 @@ valid-action rate, the update's KL to the reference (k3) and exact KL of the upd
 rows, the share of rows at a branching state (its rollouts went on to different next states) and of
 rows with a non-zero advantage, the sampled tokens' entropy, seconds of the
 rollout, the update and the whole iteration, and the engine's log-prob gap to the trainer (mean /
-max). A long run is recorded as it finishes, so a machine that goes away takes nothing recorded
-with it.
+max). When both evaluations kept their episodes on common draws, the summary adds the draws the last
+checkpoint gained and lost against the initial policy (the churn inside the difference of rates). A
+long run is recorded as it finishes, so a machine that goes away takes nothing recorded with it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 import polars as pl
 
 from bench.learning.runs import finished_iterations, overall_evaluations
+from schemas import read_table
+from stages.evaluate import EPISODES_FILE, draw_changes
 
 HEADER = (
     "| iter | training success | valid-action rate | kl (k3, to reference) | policy_kl (exact, per update) "
@@ -69,6 +72,25 @@ def evaluations(run: Path) -> list[dict[str, float]]:
     return found
 
 
+def draws_line(run: Path) -> str:
+    """'draws gained / lost …' of the last evaluated checkpoint against the initial policy, paired on
+    common draws; '' when either evaluation has no episodes or they are not the same draws."""
+    initial = run / EPISODES_FILE
+    evaluated = sorted(run.glob(f"iter_[0-9]*/{EPISODES_FILE}"))
+    if not initial.is_file() or not evaluated:
+        return ""
+    try:
+        changes = draw_changes(
+            read_table(initial, "eval_episodes"), read_table(evaluated[-1], "eval_episodes")
+        )
+    except ValueError:  # per-iteration draws: nothing to pair
+        return ""
+    return (
+        f" Draws against the initial policy ({changes['paired']} paired): {changes['gained']} gained, "
+        f"{changes['lost']} lost ({changes['kept']} won by both, {changes['failed']} by neither)."
+    )
+
+
 def cell(value: float | None, digits: int) -> str:
     return "-" if value is None or value != value else f"{value:.{digits}f}"
 
@@ -109,7 +131,7 @@ def record(run: Path) -> str:
             f"success **{last.get('success_rate', float('nan')):.3f}** "
             f"(valid {last.get('valid_action_rate', float('nan')):.3f}, {last.get('episodes', 0):.0f} episodes); "
         )
-    summary += f"training-success AUC {auc:.3f}."
+    summary += f"training-success AUC {auc:.3f}." + draws_line(run)
     return summary + "\n\n" + "\n".join(rows)
 
 

@@ -38,7 +38,7 @@ def reevaluate(run_dir: Path, iteration: int | None, overrides: list[str]) -> tu
     config = run.load_config(overrides)
     it = last_iteration(run_dir) if iteration is None else iteration
     model_dir = evaluated_policy(run, it, config)
-    rows = evaluate_model(run, config, model_dir, it, model_dir.name, progress=False)
+    rows = evaluate_model(run, config, model_dir, it, model_dir.name, progress=False).rows
     overall = rows.filter(pl.col("task_type").is_null())
     if "split" in overall.columns:
         overall = overall.filter(pl.col("split").is_null())

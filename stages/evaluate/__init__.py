@@ -23,15 +23,41 @@ The standard error of a success rate is not a row: ``success_standard_error(succ
 rate).
 
 Where it goes: the checkpoint written by the update of iteration i → ``iter_i/eval.parquet``
-(iter = i); the initial policy → ``eval.parquet`` at the run root (iter = -1).
+(iter = i); the initial policy → ``eval.parquet`` at the run root (iter = -1). Beside each, its
+``eval_episodes.parquet``: one row per episode (traj_id, task, success, return, turns, score, invalid
+turns), the draws the rates summarize; with ``eval.draws = "common"`` two evaluations pair draw by
+draw (``draw_changes``: draws gained and lost, the churn inside a difference of rates). ``graft eval
+--checkpoint DIR`` of another model writes its rates only (``eval_<name>.parquet``).
 """
 
-from stages.evaluate.rows import EVAL_METRICS, episode_table, eval_rows, eval_seed, summary_rows
-from stages.evaluate.runner import evaluate_model, evaluated_policy, output_path, run_eval
+from stages.evaluate.rows import (
+    EVAL_METRICS,
+    draw_changes,
+    episode_table,
+    eval_episode_rows,
+    eval_rows,
+    eval_seed,
+    summary_rows,
+)
+from stages.evaluate.runner import (
+    EPISODES_FILE,
+    Evaluated,
+    episodes_path,
+    evaluate_model,
+    evaluated_policy,
+    output_path,
+    run_eval,
+    write_evaluation,
+)
 
 __all__ = [
+    "EPISODES_FILE",
     "EVAL_METRICS",
+    "Evaluated",
+    "draw_changes",
     "episode_table",
+    "episodes_path",
+    "eval_episode_rows",
     "eval_rows",
     "eval_seed",
     "evaluate_model",
@@ -39,4 +65,5 @@ __all__ = [
     "evaluated_policy",
     "run_eval",
     "summary_rows",
+    "write_evaluation",
 ]

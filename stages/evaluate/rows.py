@@ -22,16 +22,19 @@ EVAL_PURPOSE = 0xE7A1  # the eval stream of SeedSequence((run.seed, iteration + 
 
 
 def episode_table(steps: pl.DataFrame, success_outcome: float) -> pl.DataFrame:
-    """One row per trajectory: task_type, turns, return G = Σ r + R, success, score, invalid turns (pure).
+    """One row per trajectory: task_type, turns, return G = Σ r + R, success, score, invalid turns
+    (pure), and task_id when the steps carry it.
 
-    ``steps`` needs traj_id, task_type, step, reward, outcome (and may carry ``score``, ``valid``;
-    without ``valid`` no turn counts as invalid).
+    ``steps`` needs traj_id, task_type, step, reward, outcome (and may carry ``task_id``, ``score``,
+    ``valid``; without ``valid`` no turn counts as invalid).
     """
     fallback = (pl.col("outcome").first() / success_outcome).clip(0.0, 1.0)
     score = (
         pl.col("score").sort_by("step").last().fill_null(fallback) if "score" in steps.columns else fallback
     )
+    task = [pl.col("task_id").first()] if "task_id" in steps.columns else []
     return steps.group_by("traj_id", maintain_order=True).agg(
+        *task,
         pl.col("task_type").first(),
         pl.len().cast(pl.Float64).alias("turns"),
         (pl.col("reward").sum() + pl.col("outcome").first()).alias("return"),
@@ -97,6 +100,57 @@ def eval_rows(
         "task_type",
         "split",
     )
+
+
+def eval_episode_rows(
+    steps: pl.DataFrame, success_outcome: float, iteration: int, checkpoint: str
+) -> pl.DataFrame:
+    """The ``eval_episodes`` table of one evaluation from its steps (pure): one row per episode, in
+    play order, the draws the ``eval`` rows summarize (their success_rate is the mean of ``success``).
+    Under common draws every evaluation of a run plays the same traj_ids, so two evaluations pair
+    episode by episode (``draw_changes``)."""
+    episodes = episode_table(steps, success_outcome)
+    return episodes.select(
+        pl.lit(iteration, dtype=pl.Int32).alias("iter"),
+        pl.lit(checkpoint).alias("checkpoint"),
+        "traj_id",
+        "task_id",
+        "task_type",
+        "success",
+        "return",
+        "turns",
+        "score",
+        "invalid",
+    )
+
+
+def draw_changes(before: pl.DataFrame, after: pl.DataFrame) -> dict[str, int]:
+    """How the episodes of two evaluations on common draws compare, draw by draw (pure).
+
+    Pairs the rows of two ``eval_episodes`` tables on ``traj_id`` (the same task and sampling streams
+    under ``eval.draws = "common"``): ``gained`` draws failed before and succeed after, ``lost`` the
+    reverse, ``kept`` succeed in both, ``failed`` fail in both, ``paired`` = their sum. The difference
+    in success counts is gained − lost; gained + lost is the churn inside it, the part a paired test
+    (McNemar's) weighs. Raises when the two tables do not hold the same draws.
+    """
+    left = before.select("traj_id", pl.col("success").alias("before"))
+    right = after.select("traj_id", pl.col("success").alias("after"))
+    if left["traj_id"].n_unique() != left.height or right["traj_id"].n_unique() != right.height:
+        raise ValueError("draw_changes: a traj_id appears twice in one evaluation")
+    paired = left.join(right, on="traj_id", how="inner")
+    if paired.height != left.height or paired.height != right.height:
+        raise ValueError(
+            f"draw_changes: the evaluations hold different draws ({left.height} and {right.height} "
+            f"episodes, {paired.height} in common); were they played with eval.draws = 'common'?"
+        )
+    b, a = paired["before"] > 0.5, paired["after"] > 0.5
+    return {
+        "gained": int((~b & a).sum()),
+        "lost": int((b & ~a).sum()),
+        "kept": int((b & a).sum()),
+        "failed": int((~b & ~a).sum()),
+        "paired": paired.height,
+    }
 
 
 def eval_seed(run_seed: int, iteration: int) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import polars as pl
 
@@ -16,7 +17,7 @@ from schemas.manifest import verify_checkpoint_read, write_recorded_table
 from schemas.rundir import Run
 from stages.envs.base import environment_tasks
 from stages.envs.registry import make_environment
-from stages.evaluate.rows import eval_rows, eval_seed
+from stages.evaluate.rows import eval_episode_rows, eval_rows, eval_seed
 from stages.play.collect import collect_episodes
 from stages.play.settings import PlaySettings
 from stages.policy.adapters import is_adapter_dir
@@ -34,14 +35,41 @@ def evaluated_policy(run: Run, iteration: int, config: Config) -> Path:
     if not checkpoint_complete(path):
         raise GraftError(f"{path}: no complete checkpoint for iteration {iteration}")
     # what its finished iteration recorded, and intact (the evaluation is what gets replaced)
-    verify_checkpoint_read(run, iteration, skip=[output_path(run, iteration).name])
+    verify_checkpoint_read(run, iteration, skip=[output_path(run, iteration).name, EPISODES_FILE])
     if is_adapter_dir(path):  # adapters are evaluated merged onto the run's own base, as export does
         run_base(run, path, config)
     return path
 
 
+EPISODES_FILE = "eval_episodes.parquet"  # beside a run evaluation's eval.parquet
+
+
+class Evaluated(NamedTuple):
+    """What one evaluation computed: the ``eval`` rows and the ``eval_episodes`` rows behind them."""
+
+    rows: pl.DataFrame
+    episodes: pl.DataFrame
+
+
 def output_path(run: Run, iteration: int) -> Path:
     return run.initial_eval_path if iteration < 0 else run.table_path(iteration, "eval")
+
+
+def episodes_path(out: Path) -> Path | None:
+    """Where the episodes of the evaluation written to ``out`` go: ``eval_episodes.parquet`` beside a
+    run evaluation's ``eval.parquet`` (an iteration's, or the initial policy's at the run's top); None
+    for ``eval_<name>.parquet`` of ``graft eval --checkpoint DIR`` (its rates only)."""
+    return out.with_name(EPISODES_FILE) if out.name == "eval.parquet" else None
+
+
+def write_evaluation(run: Run, evaluated: Evaluated, out: Path) -> Path:
+    """Write an evaluation: its episodes first, then its rows to ``out``, each recorded before it is
+    renamed into place; ``out`` existing means both are complete (a kill in between leaves episodes
+    without rows, which the next evaluation replaces)."""
+    episodes = episodes_path(out)
+    if episodes is not None:
+        write_recorded_table(run, evaluated.episodes, "eval_episodes", episodes)
+    return write_recorded_table(run, evaluated.rows, "eval", out)
 
 
 def evaluate_model(
@@ -51,8 +79,8 @@ def evaluate_model(
     iteration: int,
     checkpoint_name: str,
     progress: object | None = None,
-) -> pl.DataFrame:
-    """Play the held-out tasks with the model in ``model_dir``; return the eval rows."""
+) -> Evaluated:
+    """Play the held-out tasks with the model in ``model_dir``; return the eval rows and episodes."""
     import torch
 
     torch.set_num_threads(max(1, config.run.torch_threads))
@@ -73,8 +101,10 @@ def evaluate_model(
         policy_version=checkpoint_name,
         progress=progress,
     )
-    return eval_rows(
-        steps, float(env.success_outcome), iteration, checkpoint_name, getattr(env, "split_of", None)
+    success = float(env.success_outcome)
+    return Evaluated(
+        eval_rows(steps, success, iteration, checkpoint_name, getattr(env, "split_of", None)),
+        eval_episode_rows(steps, success, iteration, checkpoint_name),
     )
 
 
@@ -82,5 +112,6 @@ def run_eval(run: Run, iteration: int, config: Config) -> None:
     """Stage runner: evaluate the checkpoint of ``iteration`` (or the initial policy for -1)."""
     model_dir = evaluated_policy(run, iteration, config)
     name = INITIAL_VERSION if iteration < 0 else model_dir.name
-    rows = evaluate_model(run, config, model_dir, iteration, name)
-    write_recorded_table(run, rows, "eval", output_path(run, iteration))
+    write_evaluation(
+        run, evaluate_model(run, config, model_dir, iteration, name), output_path(run, iteration)
+    )

@@ -10,7 +10,7 @@ from schemas.definitions import INITIAL_VERSION
 from schemas.errors import GraftError
 from schemas.integrity import checkpoint_complete, verify_checkpoint
 from schemas.rundir import Run
-from stages.evaluate.runner import evaluated_policy, output_path
+from stages.evaluate.runner import EPISODES_FILE, evaluated_policy, output_path
 
 
 def resolve_eval_target(
@@ -40,7 +40,10 @@ def resolve_eval_target(
     elif not (model_dir / "config.json").is_file():
         raise GraftError(f"{model_dir}: not a checkpoint or model directory")
     name = model_dir.resolve().name
-    return -1, model_dir, name, run.root / f"eval_{name}.parquet"
+    out = run.root / f"eval_{name}.parquet"
+    if out.name == EPISODES_FILE:  # its rows would take the place of the initial policy's episodes
+        raise GraftError(f"{model_dir}: a checkpoint named '{name}' cannot be evaluated here; rename it")
+    return -1, model_dir, name, out
 
 
 def evaluates_initial_policy(checkpoint: str, iteration: int | None) -> bool:

@@ -17,10 +17,10 @@ from schemas.config import Config
 from schemas.definitions import INITIAL_VERSION
 from schemas.errors import GraftError
 from schemas.lock import run_lock
-from schemas.manifest import verify_finished, write_recorded_table
+from schemas.manifest import verify_finished
 from schemas.rundir import Run
 from stages.credit.advantage.registry import get_estimator
-from stages.evaluate import evaluate_model, output_path
+from stages.evaluate import EPISODES_FILE, evaluate_model, output_path, write_evaluation
 from stages.evaluate.target import resolve_eval_target
 from stages.loop.runner import remove_stale_temporaries
 from stages.loop.stage import StageCommand, run_stage
@@ -75,9 +75,11 @@ def evaluate_on_run(
             # the rest of the iteration (or of the run's top) is what was recorded: the evaluation is
             # recorded next to it
             at_top = out.parent.resolve() == run.root.resolve()
-            verify_finished(run, [] if at_top else [it], skip={-1 if at_top else it: {out.name}})
-            scored.append(evaluate_model(run, config, model_dir, it, name))
-            write_recorded_table(run, scored[0], "eval", out)
+            replaced = {out.name, EPISODES_FILE} if out == output_path(run, it) else {out.name}
+            verify_finished(run, [] if at_top else [it], skip={-1 if at_top else it: replaced})
+            evaluated = evaluate_model(run, config, model_dir, it, name)
+            scored.append(evaluated.rows)
+            write_evaluation(run, evaluated, out)
 
         if out == output_path(run, it):
             run_stage(run, "eval", it, config, runner=evaluate, command=StageCommand(force=force))

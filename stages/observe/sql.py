@@ -2,7 +2,7 @@
 
 One in-memory DuckDB connection, one view per graft table spanning all iterations:
 
-    steps, nodes, edges, "values", advantages, metrics, eval, update (+ reflogprobs, truth when present)
+    steps, nodes, edges, "values", advantages, metrics, eval, eval_episodes, update (+ reflogprobs, truth when present)
 
 Each view reads ``RUN/iter_*/<table>.parquet`` lazily (``metrics`` reads ``metrics*.parquet``, one file
 per stage) plus a ``RUN/<table>.parquet`` at the top (e.g. a ``graft synth`` output directory), and

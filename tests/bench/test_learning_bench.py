@@ -202,6 +202,7 @@ def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
     assert "held-out initial success 0.500" in text
     assert "after 2 updates success **0.750**" in text
     assert "training-success AUC 0.625" in text
+    assert "Draws against" not in text  # no episodes kept: nothing to pair
     rows = [line for line in text.splitlines() if line.startswith("| 1 |")]
     assert [c.strip() for c in rows[0].split("|")[1:-1]] == [
         "1",
@@ -217,6 +218,41 @@ def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
         "130",
         "7.0e-04 / 0.30",
     ]
+
+
+def test_run_record_counts_the_draws_gained_and_lost_on_common_draws(tmp_path: Path) -> None:
+    from bench.learning.run_record import record
+    from stages.evaluate import EPISODES_FILE, eval_episode_rows
+
+    run = run_with_evals(tmp_path, initial_wins=3, last_wins=4, episodes=6)
+    # initial wins t0 t1 t2; the last checkpoint wins t1 t3 t4 t5: t3 t4 t5 gained, t0 t2 lost
+    outcomes = {-1: [1, 1, 1, 0, 0, 0], 1: [0, 1, 0, 1, 1, 1]}
+    for iteration, won in outcomes.items():
+        steps = one_turn_episodes(0, 6).with_columns(
+            pl.Series("outcome", [10.0 * w for w in won]), pl.lit("task").alias("task_id")
+        )
+        folder = run if iteration < 0 else run / f"iter_{iteration:04d}"
+        write_recorded_table(
+            open_run(run),
+            eval_episode_rows(steps, 10.0, iteration, "ck"),
+            "eval_episodes",
+            folder / EPISODES_FILE,
+        )
+    text = record(run)
+    assert (
+        "Draws against the initial policy (6 paired): 3 gained, 2 lost (1 won by both, 0 by neither)." in text
+    )
+    # episodes on other draws (e.g. eval.draws = "iteration") do not pair: no line
+    other = one_turn_episodes(1, 6).with_columns(
+        pl.Series("traj_id", [f"u{i}" for i in range(6)]), pl.lit("task").alias("task_id")
+    )
+    write_recorded_table(
+        open_run(run),
+        eval_episode_rows(other, 10.0, 1, "ck"),
+        "eval_episodes",
+        run / "iter_0001" / EPISODES_FILE,
+    )
+    assert "Draws against" not in record(run)
 
 
 def test_oracle_shares_hand_computed(tmp_path: Path) -> None:

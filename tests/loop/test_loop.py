@@ -372,6 +372,23 @@ def test_graft_eval_of_iteration_minus_one_is_the_initial_policy_like_the_loops(
     assert resolve_eval_target(run, Config(), "initial", None) == expected
 
 
+def test_graft_eval_refuses_a_checkpoint_whose_rows_would_replace_the_initial_episodes(
+    tmp_path: Path,
+) -> None:
+    """``graft eval --checkpoint DIR`` writes eval_<DIR name>.parquet at the run's top: a directory named
+    ``episodes`` would overwrite the initial evaluation's eval_episodes.parquet, so it is refused."""
+    from stages.evaluate.target import resolve_eval_target
+
+    run = create_run(tmp_path / "run", Config())
+    for name in ("episodes", "other"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    _, _, _, out = resolve_eval_target(run, Config(), str(tmp_path / "other"), None)
+    assert out == run.root / "eval_other.parquet"
+    with pytest.raises(GraftError, match="named 'episodes' cannot be evaluated here"):
+        resolve_eval_target(run, Config(), str(tmp_path / "episodes"), None)
+
+
 def test_graft_eval_refuses_an_iteration_below_minus_one(tmp_path: Path) -> None:
     run = create_run(tmp_path / "run", load_config(None, ["run.eval_every=0"]))
     result = CliRunner().invoke(app, ["eval", str(run.root), "--iter", "-3"])
@@ -429,8 +446,12 @@ def test_a_larger_evaluation_changes_no_training_table(reference_run: Path, tmp_
     run_loop(run, config, config.run.iters)
     want, got = run_tables(reference_run), run_tables(run.root)
     assert sorted(got) == sorted(want)
-    evals = {name for name in want if name == "eval.parquet" or name.endswith("/eval.parquet")}
-    assert evals == {"eval.parquet", "iter_0000/eval.parquet", "iter_0001/eval.parquet"}
+    evals = {name for name in want if name.split("/")[-1] in ("eval.parquet", "eval_episodes.parquet")}
+    assert evals == {
+        f"{folder}{table}.parquet"
+        for folder in ("", "iter_0000/", "iter_0001/")
+        for table in ("eval", "eval_episodes")
+    }
     for name, frame in want.items():
         if name not in evals:
             assert got[name].equals(frame), name
@@ -439,6 +460,9 @@ def test_a_larger_evaluation_changes_no_training_table(reference_run: Path, tmp_
         assert overall["value"].to_list() == [config.env.eval_tasks * 3]
         before = want[name].filter(pl.col("task_type").is_null() & (pl.col("name") == "episodes"))
         assert before["value"].to_list() == [config.env.eval_tasks * 1]
+        # one row per episode beside it, each task played three times
+        episodes = got[name.replace("eval.parquet", "eval_episodes.parquet")]
+        assert episodes.group_by("task_id").len()["len"].to_list() == [3] * config.env.eval_tasks
     a, b = checkpoint_tensors(reference_run), checkpoint_tensors(run.root)
     assert sorted(a) == sorted(b)
     for name in a:

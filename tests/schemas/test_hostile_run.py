@@ -83,6 +83,7 @@ TABLES = [
     "metrics_update.parquet",
     "metrics_loop.parquet",
     "eval.parquet",
+    "eval_episodes.parquet",
 ]
 
 
@@ -178,7 +179,9 @@ def test_every_reader_refuses_a_changed_table(finished: Path, tmp_path: Path, da
         table, ["flip", "swap", "delete"][TABLES.index(table) % 3]
     )
     damage(f"iter_0001/{table}", how)
-    readers = {k: v for k, v in READERS.items() if not (k == "eval" and table == "eval.parquet")}
+    # graft eval --force replaces the evaluation's own files rather than refusing them
+    evaluation = ("eval.parquet", "eval_episodes.parquet")
+    readers = {k: v for k, v in READERS.items() if not (k == "eval" and table in evaluation)}
     if table in STAGE_READER:
         readers["stage"] = STAGE_READER[table]
     _refused_by(finished, tmp_path, readers, f"iter_0001/{table}")
@@ -239,16 +242,22 @@ def test_the_acting_checkpoint_of_a_replay_is_verified_before_anything_is_remove
 
 
 @pytest.mark.parametrize("how", ["flip", "swap"])
-def test_the_initial_evaluation_is_verified_too(finished: Path, tmp_path: Path, damage, how: str) -> None:  # type: ignore[no-untyped-def]
-    evaluation = finished / "eval.parquet"
+@pytest.mark.parametrize("table", ["eval.parquet", "eval_episodes.parquet"])
+def test_the_initial_evaluation_is_verified_too(
+    finished: Path, tmp_path: Path, damage, how: str, table: str
+) -> None:  # type: ignore[no-untyped-def]
+    evaluation = finished / table
     saved = evaluation.read_bytes()
     if how == "swap":
-        evaluation.write_bytes((finished / "iter_0000" / "eval.parquet").read_bytes())
+        evaluation.write_bytes((finished / "iter_0000" / table).read_bytes())
     else:
-        damage("eval.parquet", "flip")
+        damage(table, "flip")
     try:
         readers = {k: READERS[k] for k in ("sql", "report", "loop")}
-        _refused_by(finished, tmp_path, readers, f"{finished}/eval.parquet")
+        _refused_by(finished, tmp_path, readers, f"{finished}/{table}")
+        # the remedy names the run's own evaluation of the initial policy, not a --checkpoint one
+        line = _refusal(_invoke(finished, READERS["sql"], tmp_path), f"{finished}/{table}")
+        assert "--iter -1 --force" in line and "--checkpoint DIR" not in line
     finally:
         evaluation.write_bytes(saved)
 
