@@ -126,3 +126,44 @@ def test_the_headroom_preset_has_the_pool_groups_and_evaluation_it_promises() ->
     rows_per_iteration = 3 * config.rollout.groups * config.rollout.group_size
     assert config.update.minibatch_size * 2 <= rows_per_iteration  # at least 2 optimizer steps
     assert config.rollout.engine_options["dtype"] == "native" and config.update.bf16_on_cpu == "native"
+
+
+def test_the_rooms_preset_is_the_headroom_preset_with_rl_on_unseen_rooms() -> None:
+    """configs/cpu/household_smollm2_rooms.toml (preset 2): the headroom preset's settings but for the
+    rollout's 1,024 training rooms (its warm start on the same first 64, so the same demos) and the
+    three speed options; no held-out task is a training task."""
+    from stages.envs.base import environment_tasks
+    from stages.envs.registry import make_environment
+
+    headroom = load_config(ROOT / "configs" / "cpu" / "household_smollm2_headroom.toml").to_dict()
+    rooms_config = load_config(ROOT / "configs" / "cpu" / "household_smollm2_rooms.toml")
+    rooms = rooms_config.to_dict()
+    changed = {
+        (section, key)
+        for section in headroom
+        for key in headroom[section]
+        if headroom[section][key] != rooms[section][key]
+    }
+    assert changed == {
+        ("run", "name"),
+        ("env", "train_tasks"),
+        ("sft", "tasks"),
+        ("rollout", "engine_options"),
+        ("update", "shared_trunk"),
+    }
+    assert (
+        rooms["env"]["train_tasks"] == 1024 and rooms["sft"]["tasks"] == headroom["env"]["train_tasks"] == 64
+    )
+    assert rooms["rollout"]["engine_options"] == {
+        **headroom["rollout"]["engine_options"],
+        "cpu_cores": "all",
+        "block_size": 32,
+    }
+    env = make_environment(rooms_config)
+    for seed in (0, 1, 2, 3, 100):
+        train = environment_tasks(env, "train", 1024, seed)
+        cloned = environment_tasks(env, "train", 64, seed)
+        held_out = environment_tasks(env, "eval", 32, seed)
+        assert [t.task_id for t in train[:64]] == [t.task_id for t in cloned]  # the warm start's rooms
+        assert len({t.task_id for t in train}) == 1024
+        assert not {repr(t.spec) for t in train} & {repr(t.spec) for t in held_out}
