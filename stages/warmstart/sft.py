@@ -22,6 +22,7 @@ killed midway is redone from the start, which gives identical weights (CPU, same
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,8 +39,9 @@ from schemas.errors import GraftError
 from schemas.integrity import checkpoint_complete
 from schemas.metrics import metrics_frame
 from schemas.rundir import Run
+from stages.envs.parser import parse_response
 from stages.observe.progress import terminal_progress
-from stages.play.collect import model_inputs
+from stages.play.collect import CHOOSE_PREFIX, model_inputs
 from stages.policy.live_engine import live_engine
 from stages.policy.sampling import derive_rng
 from stages.update.batching import minibatch_schedule
@@ -49,6 +51,7 @@ from stages.warmstart.demos import demo_summary, make_demo_environment, split_de
 
 SFT_ITER = -1  # the warm start runs before iteration 0
 IGNORE = -100  # label of tokens that carry no loss (Hugging Face's convention)
+ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -60,17 +63,45 @@ class Example:
 
 
 def sft_examples(
-    steps: pl.DataFrame, tokenizer, chat: bool, max_prompt_tokens: int
+    steps: pl.DataFrame, tokenizer, chat: bool, max_prompt_tokens: int, choose_style: str | None = None
 ) -> tuple[list[Example], int]:
-    """The (input, response) token ids of every demo row, and how many prompts were cut."""
+    """The (input, response) token ids of every demo row, and how many prompts were cut.
+
+    ``choose_style`` (the environment's prompt style, for a run in choose mode): the input ends with
+    choose mode's action tag and the response is the demo's action alone, tokenized as choose mode
+    tokenizes an admissible action (``stages.play.collect``), so the warm start clones the choice the
+    rollout scores, not a ``<think>`` text the policy never writes there.
+    """
     if steps.height == 0:
         raise GraftError("sft: the demos table has no rows")
     if steps["prompt"].null_count() or steps["response"].null_count():
         raise GraftError("sft: every demos row needs a prompt and a response (write them with graft demos)")
-    _, prompt_ids, cut = model_inputs(tokenizer, chat, steps["prompt"].to_list(), max_prompt_tokens)
-    response_ids = tokenizer(steps["response"].to_list(), add_special_tokens=False)["input_ids"]
+    responses, suffix = steps["response"].to_list(), ""
+    if choose_style is not None:
+        labels = [_raw_action(choose_style, text) for text in responses]
+        missing = next((i for i, label in enumerate(labels) if not label), None)
+        if missing is not None:
+            raise GraftError(
+                f"sft: demos row {missing} has no action to clone in choose mode: {responses[missing]!r}"
+            )
+        responses, suffix = labels, CHOOSE_PREFIX
+    _, prompt_ids, cut = model_inputs(tokenizer, chat, steps["prompt"].to_list(), max_prompt_tokens, suffix)
+    response_ids = tokenizer(responses, add_special_tokens=False)["input_ids"]
     examples = [Example(p, list(r)) for p, r in zip(prompt_ids, response_ids, strict=True)]
     return examples, cut
+
+
+def _raw_action(style: str, response: str) -> str | None:
+    """The action a demo response names, as the admissible action it was written from: the parser's
+    action (``stages.envs.parser``) matched back to the response's own spelling (the parser
+    lower-cases; an admissible action keeps its case)."""
+    action = parse_response(style, response)
+    if action is None:
+        return None
+    for written in reversed(ACTION_TAG.findall(response)):
+        if " ".join(written.lower().split()) == action:
+            return " ".join(written.split())
+    return action
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
@@ -316,7 +347,9 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
 
         enable_gradient_checkpointing(model)
     chat = prompt_format(model, tokenizer, config.model.prompt_format) == "chat"
-    examples, cut = sft_examples(demos, tokenizer, chat, config.rollout.max_prompt_tokens)
+    # choose mode scores admissible actions after the action tag: its warm start clones that choice
+    choose_style = env.prompt_style if config.rollout.mode == "choose" else None
+    examples, cut = sft_examples(demos, tokenizer, chat, config.rollout.max_prompt_tokens, choose_style)
     # padding positions are masked out, so any id works; a tokenizer without a pad token (SmolLM2's,
     # from transformers 5.2x on) pads with its EOS id
     pad_id = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
@@ -328,7 +361,10 @@ def run_sft(run: Run, config: Config, base_model: Path) -> Path:
         relabelled, round_summary = _dagger_play(
             run, config, env, plain_model(model, adapters), tokenizer, round_index
         )
-        examples = examples + sft_examples(relabelled, tokenizer, chat, config.rollout.max_prompt_tokens)[0]
+        examples = (
+            examples
+            + sft_examples(relabelled, tokenizer, chat, config.rollout.max_prompt_tokens, choose_style)[0]
+        )
         round_losses = _train_phase(
             model,
             examples,

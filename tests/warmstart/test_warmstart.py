@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -274,6 +275,44 @@ def test_a_few_sft_steps_lower_the_response_loss(tmp_path: Path) -> None:
     assert after < 0.8 * before
 
 
+def test_choose_mode_examples_clone_the_action_after_the_action_tag(tmp_path: Path) -> None:
+    """In choose mode the rollout scores each admissible action's tokens after the prompt and
+    ``<action>``; the warm start's examples are that input and the demo's action alone."""
+    env, _, tokenizer = _tiny_model_and_tokenizer(tmp_path)
+    demos = expert_demos(env, env.tasks("train", 3, 0), 4, seed=0, history_length=0)
+    examples, cut = sft_examples(
+        demos, tokenizer, chat=False, max_prompt_tokens=1024, choose_style="alfworld"
+    )
+    assert cut == 0 and len(examples) == demos.height
+    for example, prompt, action in zip(examples, demos["prompt"], demos["action"], strict=True):
+        assert example.prompt_ids == tokenizer(prompt + "<action>")["input_ids"]  # the choose-mode input
+        assert example.response_ids == tokenizer(action, add_special_tokens=False)["input_ids"]  # no think
+    generate, _ = sft_examples(demos, tokenizer, chat=False, max_prompt_tokens=1024)
+    assert all(len(g.response_ids) > len(c.response_ids) for g, c in zip(generate, examples, strict=True))
+    with pytest.raises(GraftError, match="row 1 has no action to clone"):
+        broken = demos.with_row_index().with_columns(
+            response=pl.when(pl.col("index") == 1)
+            .then(pl.lit("<think>x</think>"))
+            .otherwise(pl.col("response"))
+        )
+        sft_examples(broken.drop("index"), tokenizer, False, 1024, choose_style="alfworld")
+
+
+def test_choose_mode_sft_raises_the_likelihood_of_the_demo_actions(tmp_path: Path) -> None:
+    env, model, tokenizer = _tiny_model_and_tokenizer(tmp_path)
+    demos = expert_demos(env, env.tasks("train", 4, 0), 8, seed=0, history_length=0)
+    examples, _ = sft_examples(demos, tokenizer, chat=False, max_prompt_tokens=1024, choose_style="alfworld")
+    batch = collate(examples, tokenizer.pad_token_id)
+    with torch.no_grad():
+        before = float(response_loss(model, batch))
+    train_sft(
+        model, examples, tokenizer.pad_token_id, lr=1e-2, epochs=3, batch_size=8, rng=np.random.default_rng(0)
+    )
+    with torch.no_grad():
+        after = float(response_loss(model, batch))
+    assert after < 0.8 * before
+
+
 def test_lr_factor_warms_up_linearly_then_follows_the_half_cosine() -> None:
     # constant: 1 after the warm-up, whose step s trains at (s + 1) / warmup
     assert [lr_factor(s, 10, "constant", 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
@@ -373,6 +412,31 @@ def test_after_a_short_warm_start_generate_mode_writes_valid_actions(warm_run: P
     assert warm["valid"].mean() > 0.4
     again, _ = rollout_iteration(config, 0, run.sft_model_dir, "initial", progress=False)
     assert again.equals(warm)
+
+
+@pytest.mark.slow
+def test_a_choose_mode_warm_start_clones_the_choice_the_rollout_makes(tmp_path: Path) -> None:
+    """With ``rollout.mode = "choose"`` the warm start trains on choose mode's input (prompt +
+    ``<action>``) and the action alone: on its demos, the actions after the action tag are far more
+    likely under it than under the generate-mode warm start of the same demos (which learned them
+    after a ``<think>`` text choose mode never shows)."""
+    from stages.update.checkpoint import load_model, load_tokenizer
+    from stages.warmstart.initial import ensure_initial_model
+
+    torch.set_num_threads(1)
+    losses = {}
+    for mode in ("choose", "generate"):
+        config = load_config(None, [*TINY_SFT, f"rollout.mode={mode}"])
+        run = create_run(tmp_path / mode, config)
+        ensure_initial_model(run, config)
+        demos = read_table(run.demos_path, "steps")
+        tokenizer = load_tokenizer(run.sft_model_dir)
+        examples, _ = sft_examples(demos, tokenizer, False, 1024, choose_style="alfworld")
+        with torch.no_grad():
+            losses[mode] = float(
+                response_loss(load_model(run.sft_model_dir), collate(examples, tokenizer.pad_token_id))
+            )
+    assert losses["choose"] < 0.5 * losses["generate"], losses
 
 
 @pytest.mark.slow
