@@ -129,7 +129,7 @@ def test_the_headroom_preset_has_the_pool_groups_and_evaluation_it_promises() ->
 
 
 def test_the_rooms_preset_is_the_headroom_preset_with_rl_on_unseen_rooms() -> None:
-    """configs/cpu/household_smollm2_rooms.toml (preset 2): the headroom preset's settings but for the
+    """configs/cpu/household_smollm2_rooms.toml: the headroom preset's settings but for the
     rollout's 1,024 training rooms (its warm start on the same first 64, so the same demos) and the
     three speed options; no held-out task is a training task."""
     from stages.envs.base import environment_tasks
