@@ -220,7 +220,7 @@ class RolloutConfig:
     max_env_errors: int = setting(8, DEFAULT, rule=_at_least(0))
     # engine-specific settings, checked against ENGINE_OPTIONS below (hf: token_budget, logit_budget;
     # vllm: reload, lora, dtype, enforce_eager, kv_cache_gib, cpu_cores, block_size, gpu_memory_utilization,
-    # tensor_parallel_size, max_model_len; docs/rollout.md)
+    # tensor_parallel_size, max_model_len, choose_prefix_cache; docs/rollout.md)
     engine_options: dict[str, Any] = setting({}, DEFAULT)
     # free the rollout engine (its model; a vLLM engine's GPU memory) before the loop's update and
     # evaluation: "auto" = on a GPU run (the update needs the memory), "always", "never"
@@ -786,6 +786,9 @@ ENGINE_OPTIONS: dict[str, dict[str, tuple[type, Rule]]] = {
         "gpu_memory_utilization": (float, _within(0, 1, low_open=True)),
         "tensor_parallel_size": (int, _at_least(1)),
         "max_model_len": (int, _at_least(1)),  # default rollout.max_prompt_tokens + max_new_tokens
+        # choose mode: action-scoring requests read the prefix cache (default true; false = every
+        # prompt + action prefilled in full, vLLM's own default for prompt log-probs)
+        "choose_prefix_cache": (bool, (lambda v: True, "")),
     },
 }
 

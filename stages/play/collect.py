@@ -311,7 +311,13 @@ def _choose_turn(
                 "(use rollout.mode = 'generate' for this environment)"
             )
     choice_ids = [renderer.choice_ids(c) for c in choices]
-    scored = engine.score_choices(prompt_ids, choice_ids)
+    # episodes in the same state (a group's first turn, paths that met) are scored once
+    keys = [(tuple(pids), tuple(options)) for pids, options in zip(prompt_ids, choices, strict=True)]
+    distinct = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    scored_distinct = engine.score_choices(
+        [list(key[0]) for key in distinct], [renderer.choice_ids(list(key[1])) for key in distinct]
+    )
+    scored = [scored_distinct[distinct[key]] for key in keys]
     counters["scored_tokens"] += float(sum(len(x) for ids in choice_ids for x in ids))
     outs = []
     for slot, text, pids, options, cids, lps in zip(

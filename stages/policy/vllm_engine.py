@@ -10,10 +10,11 @@ hf engine's rule), so the trainer scores exactly the tokens the text came from.
   samples each request from its own seeded generator, so a row does not depend on its batch).
   ``logprobs=0`` returns the log-prob of each sampled token; the engine is created with
   ``logprobs_mode="processed_logprobs"`` (log-probs after temperature), the hf engine's convention.
-* ``choose``: every (prompt + action) sequence is one request with ``max_tokens=1,
+* ``choose``: every distinct (prompt + action) sequence is one request with ``max_tokens=1,
   prompt_logprobs=0``: the per-token log-probs of each admissible action as a continuation of the
-  prompt, which the rollout turns into the mean-log-prob softmax of ``choice.py``. vLLM does not serve
-  prompt log-probs from its prefix cache, so K actions cost K prefills (docs/rollout.md).
+  prompt, which the rollout turns into the mean-log-prob softmax of ``choice.py``. The requests read
+  the prefix cache (vLLM's default for prompt-log-prob requests is not to), so K actions cost about
+  one prefill of the prompt, not K (``score_choices``; docs/rollout.md).
   (``StructuredOutputsParams(choice=[...])`` would sample a token-by-token constrained distribution
   instead, which is not the policy the update stage scores.)
 
@@ -388,28 +389,60 @@ class VLLMEngine:
     def score_choices(
         self, prompts_ids: Sequence[Sequence[int]], choices_ids: Sequence[Sequence[Sequence[int]]]
     ) -> list[list[np.ndarray]]:
-        requests, spans = [], []
+        """Per-token log-probs of each action as a continuation of its prompt (``prompt_logprobs=0``).
+
+        One request per distinct prompt + action (a group's episodes in the same state ask once).
+        ``engine_options.choose_prefix_cache`` (default true) lets these requests read vLLM's prefix
+        cache, so a prompt's blocks are computed once, not once per action: vLLM refuses that by
+        default for prompt-log-prob requests because it returns no log-probs for positions it took
+        from the cache, and graft needs them only for the action's tokens. The log-prob of the token
+        at position ``p`` comes from position ``p - 1``, so a request is answered from the cache only
+        when at most ``len(prompt) - 1`` of its tokens were cached; any other (its hit reached into the
+        action, e.g. an action that an earlier request shares block by block) is asked again without
+        reading the cache."""
+        keys: dict[tuple[int, tuple[int, ...]], None] = {}
         for prompt, choices in zip(prompts_ids, choices_ids, strict=True):
             for choice in choices:
-                requests.append({"prompt_token_ids": [*prompt, *choice]})
-                spans.append((len(prompt), list(choice)))
-        if not requests:
+                keys[(len(prompt), (*prompt, *choice))] = None
+        if not keys:
             return [[] for _ in choices_ids]
-        params = self.vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
-        outputs = self._generate(requests, params)
-        flat = []
-        for out, (start, choice) in zip(outputs, spans, strict=True):
-            entries = out.prompt_logprobs
-            flat.append(
-                np.array(
-                    [_logprob_of(entries[start + i], tok) for i, tok in enumerate(choice)], dtype=np.float32
-                )
-            )
-        result, k = [], 0
-        for choices in choices_ids:
-            result.append(flat[k : k + len(choices)])
-            k += len(choices)
+        read_cache = bool(self.options.extra.get("choose_prefix_cache", True))
+        scored = self._score_sequences(list(keys), read_cache)
+        again = [key for key, lp in scored.items() if lp is None]
+        if again:
+            scored.update(self._score_sequences(again, read_cache=False))
+        result = []
+        for prompt, choices in zip(prompts_ids, choices_ids, strict=True):
+            result.append([scored[(len(prompt), (*prompt, *choice))] for choice in choices])
         return result
+
+    def _score_sequences(
+        self, keys: list[tuple[int, tuple[int, ...]]], read_cache: bool
+    ) -> dict[tuple[int, tuple[int, ...]], np.ndarray | None]:
+        """``(start, tokens)`` -> log-probs of ``tokens[start:]`` [len - start] float32, or None where a
+        cache hit covered position ``start - 1`` (those log-probs were not computed)."""
+        # detokenize=False: no text is needed, and vLLM would decode the unset entries of the positions
+        # it took from the cache
+        params = self.vllm.SamplingParams(
+            n=1,
+            temperature=1.0,
+            max_tokens=1,
+            prompt_logprobs=0,
+            skip_reading_prefix_cache=not read_cache,
+            detokenize=False,
+        )
+        outputs = self._generate([{"prompt_token_ids": list(tokens)} for _, tokens in keys], params)
+        scored: dict[tuple[int, tuple[int, ...]], np.ndarray | None] = {}
+        for out, key in zip(outputs, keys, strict=True):
+            start, tokens = key
+            if read_cache and int(out.num_cached_tokens or 0) > start - 1:
+                scored[key] = None
+                continue
+            entries = out.prompt_logprobs
+            scored[key] = np.array(
+                [_logprob_of(entries[p], tokens[p]) for p in range(start, len(tokens))], dtype=np.float32
+            )
+        return scored
 
     def generate(
         self,

@@ -26,6 +26,8 @@ class SamplingParams:
     max_tokens: int = 16
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    skip_reading_prefix_cache: bool | None = None
+    detokenize: bool = True
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False

@@ -135,6 +135,41 @@ def test_chosen_action_logprobs_are_the_trainers(engine, models) -> None:
             np.testing.assert_allclose(a, b, rtol=0, atol=LOGPROB_ATOL)
 
 
+def test_action_scores_read_the_prefix_cache_and_stay_the_trainers(engine, models, monkeypatch) -> None:
+    """Choose-mode requests read the prefix cache (a prompt's blocks computed once), and a request whose
+    cache hit reaches into its action is asked again without the cache: both give the trainer's
+    numbers. Block size here is vLLM's CPU default, 128 tokens."""
+    from stages.policy.choice import score_choices_batch
+
+    rng = np.random.default_rng(7)
+    vocab = len(engine.tokenizer)
+    prompt = rng.integers(3, vocab, size=200).tolist()
+    shared = rng.integers(3, vocab, size=80).tolist()
+    long_a = [*shared, *rng.integers(3, vocab, size=20).tolist()]  # prompt + 56 tokens fill block 2
+    long_b = [*shared, *rng.integers(3, vocab, size=20).tolist()]  # ... which long_b then hits
+    short = [rng.integers(3, vocab, size=4).tolist(), rng.integers(3, vocab, size=6).tolist()]
+    uncached = []
+    score_sequences = engine._score_sequences
+
+    def spy(keys, read_cache):
+        if not read_cache:
+            uncached.extend(keys)
+        return score_sequences(keys, read_cache)
+
+    monkeypatch.setattr(engine, "_score_sequences", spy)
+    before = engine.cached_prompt_tokens
+    calls = [([prompt], [[long_a]]), ([prompt, prompt], [short, short]), ([prompt], [[long_b]])]
+    got = [engine.score_choices(prompts, choices) for prompts, choices in calls]
+    assert engine.cached_prompt_tokens - before >= 2 * 128  # the later calls took the prompt's block
+    assert [len(tokens) - start for start, tokens in uncached] == [len(long_b)]  # only long_b asked again
+    reference = hf_model(models[0])
+    for (prompts, choices), scored in zip(calls, got, strict=True):
+        expected = score_choices_batch(reference, prompts, choices, pad_id=0)
+        for got_prompt, expected_prompt in zip(scored, expected, strict=True):
+            for a, b in zip(got_prompt, expected_prompt, strict=True):
+                np.testing.assert_allclose(a, b, rtol=0, atol=LOGPROB_ATOL)
+
+
 def test_a_row_depends_on_its_seed_only(engine) -> None:
     prompts = prompts_of(engine, 4, seed=2)
     seeds = [11, 12, 13, 14]

@@ -121,6 +121,34 @@ def test_choose_mode_rows_follow_the_shared_convention(engine) -> None:
     assert steps.select("traj_id", "step").equals(steps.select("traj_id", "step").sort("traj_id", "step"))
 
 
+def test_choose_mode_scores_each_distinct_state_once(engine) -> None:
+    # a group's episodes start in the same state: one scored prompt per group on the first turn, and
+    # every turn sends each (prompt, actions) pair once; the rows are those of per-episode scoring
+    sent: list[list[tuple]] = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(engine, name)
+
+        def score_choices(self, prompts_ids, choices_ids):
+            sent.append(
+                [(tuple(p), tuple(map(tuple, c))) for p, c in zip(prompts_ids, choices_ids, strict=True)]
+            )
+            return engine.score_choices(prompts_ids, choices_ids)
+
+    steps = _collect(Recording(), tasks=2, group_size=3, batch_size=8)
+    assert len(sent[0]) == 2  # 6 episodes, 2 tasks
+    assert all(len(call) == len(set(call)) for call in sent)
+    first = steps.filter(pl.col("step") == 0)
+    assert first.height == 6 and first["prompt_ids"].n_unique() == 2
+    for row in steps.iter_rows(named=True):
+        np.testing.assert_allclose(
+            row["response_logprobs"],
+            _fresh_logprobs(engine.model, row["prompt_ids"], row["response_ids"]),
+            atol=1e-4,
+        )
+
+
 def test_same_seed_same_table_and_other_seed_differs(model_dir, engine) -> None:
     first = _collect(engine, seed=7, tasks=4, group_size=2)
     fresh_engine = build_engine("hf", model_dir, "initial", EngineOptions())
@@ -344,7 +372,9 @@ def test_shards_merge_into_the_unsharded_table(tmp_path, corridor_registered, mo
         .to_list()
         for run in (whole, sharded)
     ]
-    assert cached[0] == cached[1] == [float(a.height)]  # every turn's prompt scored once
+    # each policy call scores a state once (a group's first turn is one state)
+    assert cached[0] == cached[1]
+    assert a["prompt_ids"].n_unique() <= cached[0][0] < a.height
 
 
 @pytest.mark.parametrize("mode", ["choose", "generate"])
