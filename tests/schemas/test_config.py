@@ -297,7 +297,7 @@ def test_lora_table_is_validated_where_it_is_defined(tmp_path):
             "vllm",
             "gpu_memory_util=0.5",
             r"'rollout.engine_options.gpu_memory_util' is not an option of "
-            r"rollout.engine = 'vllm' \(valid: block_size, cpu_cores, dtype, enforce_eager, gpu_memory_utilization, "
+            r"rollout.engine = 'vllm' \(valid: block_size, choose_prefix_cache, cpu_cores, dtype, enforce_eager, gpu_memory_utilization, "
             r"kv_cache_gib, lora, max_model_len, reload, tensor_parallel_size\)",
         ),
         (
@@ -310,6 +310,11 @@ def test_lora_table_is_validated_where_it_is_defined(tmp_path):
         ("vllm", "kv_cache_gib=inf", r"numbers must be finite"),
         ("vllm", "tensor_parallel_size=true", r"expected int"),
         ("vllm", "enforce_eager=1", r"expected bool"),
+        (
+            "vllm",
+            "choose_prefix_cache='yes'",
+            r"'rollout.engine_options.choose_prefix_cache' = 'yes' is invalid; expected bool",
+        ),
         ("vllm", "dtype='fp8'", r"must be one of 'float32', 'bfloat16', 'float16'"),
         (
             "vllm",
