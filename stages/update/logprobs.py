@@ -193,7 +193,7 @@ class SelectedLogits(torch.nn.Module):
             )
             return out.logits[sel_batch, sel_position]
         # a model that joined a trunk cache (stages.update.shared_trunk) runs only its top layers
-        shared = final_hidden(lm, input_ids, attention_mask) if position_ids is None else None
+        shared = final_hidden(lm, input_ids, attention_mask, position_ids)
         if shared is not None:
             selected = shared[sel_batch, sel_position]
         elif self.prune_last_layer and supports_last_layer_pruning(lm):

@@ -14,7 +14,10 @@ first pass to meet a row computes ``h_trunk`` without a graph and stores it (key
 and the autocast mode, whose rounding differs); later passes read it and run only the top K layers.
 The values are the plain forward's: causal attention with right padding means a real position never
 attends to a padded one, so a row's trunk does not depend on the batch it was computed in (up to the
-float rounding of a different batch shape).
+float rounding of a different batch shape). Choose rows, packed as ``prompt ++ choice_1 ++ ...`` with a
+4-D mask and their own positions (``build_choice_batch``), share it the same way: their key adds the
+positions and the mask among the row's real tokens, and a batch whose mask lets a real position see
+the padding takes the plain forward.
 
 A model takes part by :func:`join` ing a :class:`TrunkCache`, which checks (else the model keeps its
 plain forward, the same numbers, only slower):
@@ -39,6 +42,7 @@ import hashlib
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from stages.update.last_layer import INTERNALS_IMPORTED, SELF_CHECK_ATOL, _causal_mask
@@ -156,12 +160,18 @@ def _autocast_mode(device: torch.device) -> tuple[bool, str]:
 
 
 def _run_layers(
-    lm: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor, layers: range
+    lm: torch.nn.Module,
+    hidden: torch.Tensor,
+    attention_mask: torch.Tensor,
+    layers: range,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decoder layers ``layers`` over ``hidden`` (B, L, hidden), as ``LlamaModel.forward`` runs them
-    (positions 0 .. L-1, the causal mask of a 2-D padding mask, no cache)."""
+    (no cache): positions 0 .. L-1 and the causal mask of a 2-D padding mask, or a packed row's own
+    positions (B, L) and 4-D mask (B, 1, L, L), which the mask builder passes through as it is."""
     decoder = lm.get_decoder()
-    position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+    if position_ids is None:
+        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
     mask = _causal_mask(decoder.config, hidden, attention_mask, position_ids)
     cos, sin = decoder.rotary_emb(hidden, position_ids)
     for i in layers:
@@ -169,6 +179,24 @@ def _run_layers(
             hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=(cos, sin)
         )
     return hidden
+
+
+def _packed_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """Each row's real length for a packed 4-D mask (B, 1, L, L) -- bool (True = may attend) or additive
+    float (0 = may attend) -- laid out as ``build_choice_batch`` lays out choose rows: position 0 and
+    the padding after the row attend to themselves only, every other real position to some earlier
+    one, and no real position to the padding. None when the mask has another form."""
+    allowed = attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] == 0
+    width = allowed.shape[-1]
+    earlier = torch.ones(width, width, dtype=torch.bool, device=allowed.device).tril(-1)
+    sees_earlier = (allowed & earlier).any(-1)  # (B, L)
+    positions = torch.arange(width, device=allowed.device)
+    lengths = torch.where(sees_earlier, positions + 1, 1).max(-1).values
+    eye = torch.eye(width, dtype=torch.bool, device=allowed.device)
+    padding = positions.unsqueeze(0) >= lengths.unsqueeze(1)  # (B, L)
+    pad_rows_ok = torch.where(padding.unsqueeze(-1), allowed == eye, True).all()
+    real_keys_ok = ~(allowed & ~padding.unsqueeze(-1) & padding.unsqueeze(1)).any()
+    return lengths if bool(pad_rows_ok) and bool(real_keys_ok) else None
 
 
 def _right_padded_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -180,22 +208,44 @@ def _right_padded_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
 
 
 def final_hidden(
-    lm: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    lm: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """The decoder's final (normed) hidden states (B, L, hidden) of a right-padded batch, the trunk
-    read from (or first written to) the cache ``lm`` joined; None when ``lm`` joined none or the mask
-    is not right padding (the caller then takes the plain forward). Equals
-    ``lm.get_decoder()(input_ids, attention_mask)[0]`` at every real position."""
+    """The decoder's final (normed) hidden states (B, L, hidden), the trunk read from (or first
+    written to) the cache ``lm`` joined, for a right-padded batch (2-D mask, positions 0 .. L-1) or a
+    batch of packed choose rows (4-D mask and its own positions, ``build_choice_batch``); None when
+    ``lm`` joined none or the batch has another form (the caller then takes the plain forward). Equals
+    the plain decoder's output at every real position.
+
+    A row's key is its tokens up to its real length (and, for a packed row, their positions and the
+    mask among them, which differ between two packings of the same tokens), so a row repeated in
+    another batch, or by another model that joined, reads its trunk instead of computing it."""
     joined = _JOINED.get(lm)
-    if joined is None or attention_mask.dim() != 2:
+    if joined is None:
         return None
-    lengths = _right_padded_lengths(attention_mask)
+    packed = attention_mask.dim() == 4 and position_ids is not None
+    if packed:
+        lengths = _packed_lengths(attention_mask)
+    elif attention_mask.dim() == 2 and position_ids is None:
+        lengths = _right_padded_lengths(attention_mask)
+    else:
+        return None
     if lengths is None:
         return None
     cache, split = joined
     mode = _autocast_mode(input_ids.device)
     ids = input_ids.cpu().numpy()
-    keys = [(mode, ids[b, : int(n)].tobytes()) for b, n in enumerate(lengths.tolist())]
+    keys = [
+        (
+            mode,
+            _row_key(ids[b, : int(n)], attention_mask, position_ids, b, int(n))
+            if packed
+            else ids[b, : int(n)].tobytes(),
+        )
+        for b, n in enumerate(lengths.tolist())
+    ]
     missing: dict[tuple[tuple[bool, str], bytes], int] = {}
     for b, key in enumerate(keys):
         if key not in cache.states and key not in missing:
@@ -204,10 +254,18 @@ def final_hidden(
         rows = torch.tensor(list(missing.values()), device=input_ids.device)
         width = int(lengths[rows].max())
         with torch.no_grad():
-            sub_mask = attention_mask[rows, :width]
-            trunk = _run_layers(
-                lm, lm.get_decoder().embed_tokens(input_ids[rows, :width]), sub_mask, range(split)
-            )
+            embedded = lm.get_decoder().embed_tokens(input_ids[rows, :width])
+            if packed:
+                assert position_ids is not None
+                trunk = _run_layers(
+                    lm,
+                    embedded,
+                    attention_mask[rows][:, :, :width, :width],
+                    range(split),
+                    position_ids[rows, :width],
+                )
+            else:
+                trunk = _run_layers(lm, embedded, attention_mask[rows, :width], range(split))
         for i, (key, b) in enumerate(missing.items()):
             cache.states[key] = trunk[i, : int(lengths[b])].clone()
     cache.rows_computed += len(missing)
@@ -217,7 +275,21 @@ def final_hidden(
     for b, key in enumerate(keys):  # padded positions stay 0: no real position attends to them
         hidden[b, : int(lengths[b])] = cache.states[key]
     decoder = lm.get_decoder()
-    return decoder.norm(_run_layers(lm, hidden, attention_mask, range(split, len(decoder.layers))))
+    top = range(split, len(decoder.layers))
+    return decoder.norm(_run_layers(lm, hidden, attention_mask, top, position_ids if packed else None))
+
+
+def _row_key(
+    ids: np.ndarray, attention_mask: torch.Tensor, position_ids: torch.Tensor | None, b: int, n: int
+) -> bytes:
+    """A packed row's key: a digest of its n tokens, their positions and the mask among them."""
+    assert position_ids is not None
+    mask = attention_mask[b, 0, :n, :n]
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    digest = hashlib.blake2b(ids.tobytes(), digest_size=16)
+    digest.update(position_ids[b, :n].cpu().numpy().astype(np.int64).tobytes())
+    digest.update(np.packbits(allowed.cpu().numpy()).tobytes())
+    return b"packed:" + digest.digest()
 
 
 def _split_agrees(lm: torch.nn.Module, split: int) -> bool:

@@ -138,21 +138,46 @@ def test_only_models_with_the_same_frozen_trunk_may_join():
     assert trunk_split(whole, 0) is None and trunk_split(whole, 3) is None  # no trunk / no top
 
 
-def test_choice_rows_and_left_padding_take_the_plain_forward():
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_choice_rows_share_the_trunk_and_score_and_train_like_the_plain_forward(attn):
+    # packed choose rows (prompt ++ choice_1 ++ ... with a 4-D mask and their own positions): the
+    # trunk once per distinct row -- the same tokens packed as other choices are another row
+    model = llama(3, attn=attn)
+    top = adapt_top(model, 1)
+    prompts, _ = rows(4, n=3)
+    prompts = [*prompts, prompts[0], prompts[0]]
+    choices = [[[5, 6], [7]], [[8], [9, 10, 11]], [[12]], [[5, 6], [7]], [[5], [6, 7]]]
+    batch, _ = build_choice_batch(prompts, choices)
+
+    def scores_and_grads():
+        model.zero_grad(set_to_none=True)
+        logp, _ = selected_log_probs(model, batch, temperature=0.7)
+        (logp * torch.linspace(-1, 1, logp.numel())).sum().backward()
+        return logp.detach(), torch.cat([p.grad.flatten() for p in top])
+
+    plain_lp, plain_grad = scores_and_grads()
+    cache = TrunkCache(lora_layers=1)
+    assert join(model, cache)
+    shared_lp, shared_grad = scores_and_grads()
+    assert (cache.rows_computed, cache.rows_reused) == (4, 1)  # row 3 repeats row 0; row 4 does not
+    again_lp, again_grad = scores_and_grads()
+    assert (cache.rows_computed, cache.rows_reused) == (4, 6)
+    for lp, grad in ((shared_lp, shared_grad), (again_lp, again_grad)):
+        torch.testing.assert_close(lp, plain_lp, rtol=0, atol=1e-5)
+        torch.testing.assert_close(grad, plain_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_masks_of_another_form_take_the_plain_forward():
     model = llama(3)
     adapt_top(model, 1)
-    prompts, _ = rows(4, n=3)
-    choices = [[[5, 6], [7]], [[8], [9, 10, 11]], [[12]]]
-    choice_batch, _ = build_choice_batch(prompts, choices)
-    with torch.no_grad():
-        plain, _ = selected_log_probs(model, choice_batch)
-        cache = TrunkCache(lora_layers=1)
-        assert join(model, cache)
-        shared, _ = selected_log_probs(model, choice_batch)
-    torch.testing.assert_close(shared, plain, rtol=0, atol=0)
-    assert cache.rows_computed == 0  # a 4-D mask with its own positions: not a trunk row
+    assert join(model, TrunkCache(lora_layers=1))
     left = torch.tensor([[0, 1, 1], [1, 1, 1]])
     assert final_hidden(model, torch.tensor([[0, 4, 5], [6, 7, 8]]), left) is None
+    batch, _ = build_choice_batch([[1, 2, 3], [1]], [[[4], [5]], [[6]]])  # row 1: 2 tokens, 3 padding
+    leaky = batch.attention_mask.clone()
+    leaky[1, 0, 1, 3] = True  # a real position that sees the padding: its trunk depends on the batch
+    assert final_hidden(model, batch.input_ids, leaky, batch.position_ids) is None
+    assert final_hidden(model, batch.input_ids, batch.attention_mask, batch.position_ids) is not None
 
 
 def test_autocast_modes_keep_their_own_trunk():
@@ -192,7 +217,8 @@ def test_changed_internals_leave_the_plain_forward(monkeypatch):
     assert not join(model, TrunkCache(lora_layers=1))
 
 
-def test_an_update_with_the_shared_trunk_equals_one_without(tmp_path):
+@pytest.mark.parametrize("mode", ["generate", "choose"])
+def test_an_update_with_the_shared_trunk_equals_one_without(tmp_path, mode):
     pytest.importorskip("peft")
     from schemas.config import LoraConfig
     from stages.policy.tiny import TinySpec, random_qwen2
@@ -203,7 +229,7 @@ def test_an_update_with_the_shared_trunk_equals_one_without(tmp_path):
     for shared in (False, True):
         root = tmp_path / f"shared-{shared}"
         run, config = make_run(
-            root, "generate", lora=LoraConfig(r=4, alpha=8.0, layers=1), shared_trunk=shared, kl_probe_rows=4
+            root, mode, lora=LoraConfig(r=4, alpha=8.0, layers=1), shared_trunk=shared, kl_probe_rows=4
         )
         tok = make_tokenizer()
         spec = TinySpec(hidden=32, layers=3, heads=2, max_positions=512)
