@@ -51,6 +51,14 @@ def rows(seed: int, n: int = 5):
     return prompts, responses
 
 
+def scores_and_grads(model, batch, top):
+    """Log-probs of ``batch`` at T = 0.7 and the gradient of a fixed weighting of them on ``top``."""
+    model.zero_grad(set_to_none=True)
+    logp, _ = selected_log_probs(model, batch, temperature=0.7)
+    (logp * torch.linspace(-1, 1, logp.numel())).sum().backward()
+    return logp.detach(), torch.cat([p.grad.flatten() for p in top])
+
+
 @pytest.fixture(autouse=True)
 def _leave_all():
     yield
@@ -78,16 +86,10 @@ def test_token_rows_score_and_train_like_the_plain_forward():
     top = adapt_top(model, 1)
     batch, _ = build_response_batch(*rows(2, n=6))
 
-    def scores_and_grads():
-        model.zero_grad(set_to_none=True)
-        logp, _ = selected_log_probs(model, batch, temperature=0.7)
-        (logp * torch.linspace(-1, 1, logp.numel())).sum().backward()
-        return logp.detach(), torch.cat([p.grad.flatten() for p in top])
-
-    plain_lp, plain_grad = scores_and_grads()
+    plain_lp, plain_grad = scores_and_grads(model, batch, top)
     assert join(model, TrunkCache(lora_layers=1))
-    shared_lp, shared_grad = scores_and_grads()  # computes the trunk
-    again_lp, again_grad = scores_and_grads()  # reads it
+    shared_lp, shared_grad = scores_and_grads(model, batch, top)  # computes the trunk
+    again_lp, again_grad = scores_and_grads(model, batch, top)  # reads it
     for lp, grad in ((shared_lp, shared_grad), (again_lp, again_grad)):
         torch.testing.assert_close(lp, plain_lp, rtol=0, atol=1e-5)
         torch.testing.assert_close(grad, plain_grad, rtol=1e-4, atol=1e-6)
@@ -149,18 +151,12 @@ def test_choice_rows_share_the_trunk_and_score_and_train_like_the_plain_forward(
     choices = [[[5, 6], [7]], [[8], [9, 10, 11]], [[12]], [[5, 6], [7]], [[5], [6, 7]]]
     batch, _ = build_choice_batch(prompts, choices)
 
-    def scores_and_grads():
-        model.zero_grad(set_to_none=True)
-        logp, _ = selected_log_probs(model, batch, temperature=0.7)
-        (logp * torch.linspace(-1, 1, logp.numel())).sum().backward()
-        return logp.detach(), torch.cat([p.grad.flatten() for p in top])
-
-    plain_lp, plain_grad = scores_and_grads()
+    plain_lp, plain_grad = scores_and_grads(model, batch, top)
     cache = TrunkCache(lora_layers=1)
     assert join(model, cache)
-    shared_lp, shared_grad = scores_and_grads()
+    shared_lp, shared_grad = scores_and_grads(model, batch, top)
     assert (cache.rows_computed, cache.rows_reused) == (4, 1)  # row 3 repeats row 0; row 4 does not
-    again_lp, again_grad = scores_and_grads()
+    again_lp, again_grad = scores_and_grads(model, batch, top)
     assert (cache.rows_computed, cache.rows_reused) == (4, 6)
     for lp, grad in ((shared_lp, shared_grad), (again_lp, again_grad)):
         torch.testing.assert_close(lp, plain_lp, rtol=0, atol=1e-5)
