@@ -352,7 +352,8 @@ class UpdateConfig:
     # "forward": as auto, except that rows of the first optimizer step that would be recomputed take
     # their old log-probs from that step's own forward pass (before the first step the policy being
     # trained is the old policy, so the two are the same numbers; one no-grad pass fewer). Single
-    # process only (under torchrun it acts as auto)
+    # process only (under torchrun it acts as auto). "stored": every row's from the rollout, choose
+    # rows' pi_old(a|s) from the `choice_scores` the rollout recorded (rows without them are refused)
     old_logprobs: Literal["auto", "recompute", "stored", "forward"] = setting("auto", DEFAULT)
     # under torchrun: replicate (DDP) or shard (FSDP2)
     parallel: Literal["ddp", "fsdp"] = setting("ddp", DEFAULT)

@@ -59,7 +59,7 @@ _i32, _f64, _str, _bool = pa.int32(), pa.float64(), pa.string(), pa.bool_()
 
 STEPS = TableSpec(
     "steps",
-    2,  # v2 added `score`; v1 tables read with score null
+    3,  # v2 added `score`, v3 `choice_scores`; older tables read with them null
     "one row per executed transition; the input contract for external rollouts too",
     (
         _c("iter", _i32, "training iteration (0 for external data)"),
@@ -84,6 +84,13 @@ STEPS = TableSpec(
         _c("response_ids", pa.list_(_i32), "tokens of `response`", True),
         _c("response_logprobs", pa.list_(pa.float32()), "behaviour-policy log-probs of `response_ids`", True),
         _c("choices", pa.list_(_str), "the admissible set in `choose` mode", True),
+        _c(
+            "choice_scores",
+            pa.list_(_f64),
+            "`choose` mode: the behaviour policy's mean token log-prob of each choice (raw model, no "
+            "temperature), aligned with `choices`",
+            True,
+        ),
         _c("policy_version", _str, f"checkpoint that acted ('{INITIAL_VERSION}': the initial policy)", True),
         _c("error", _str, "environment exception that truncated this trajectory, if any", True),
         _c(
@@ -94,7 +101,7 @@ STEPS = TableSpec(
             True,
         ),
     ),
-    reads=(1,),
+    reads=(1, 2),
 )
 
 # What the credit stages (graph, solve, advantage) need from an external steps table; nothing else
@@ -133,6 +140,7 @@ STEPS_OPTIONAL = (
     "response_ids",
     "response_logprobs",
     "choices",
+    "choice_scores",
     "policy_version",
     "error",
     "score",

@@ -5,7 +5,7 @@
 which groups share a process (byte-identical steps under ``--shard`` and the Ray executor); the
 price is smaller batches. One process plays iteration 0 of a config with both scopes, taking turns
 ``--repeats`` times after one warm-up each (a background load falls on both alike), and checks that
-the steps tables are equal but for ``response_logprobs``.
+the steps tables are equal but for the scores (``response_logprobs``, ``choice_scores``).
 
     python -m bench.speed.batch_scope [--repeats 3] [--config configs/quickstart.toml] [--set KEY=VALUE ...]
 """
@@ -57,13 +57,17 @@ def main() -> None:
                 if round_:
                     times[scope].append(time.perf_counter() - start)
         steps = {scope: run.read(0, "steps") for scope, run in runs.items()}
-    same = steps["all"].drop("response_logprobs").equals(steps["group"].drop("response_logprobs"))
+    same = (
+        steps["all"]
+        .drop(["response_logprobs", "choice_scores"])
+        .equals(steps["group"].drop(["response_logprobs", "choice_scores"]))
+    )
     rollout = configs["all"].rollout
     print(
         f"`{Path(args.config).name}`{' with ' + ' '.join(args.overrides) if args.overrides else ''}: "
         f"{rollout.mode} mode, {rollout.groups} groups x {rollout.group_size} rollouts, batch_size "
         f"{rollout.batch_size}, {steps['all'].height} steps; {os.cpu_count()} cores, 1 torch thread, "
-        f"load average {os.getloadavg()[0]:.2f} at the end; tables equal but for response_logprobs: {same}"
+        f"load average {os.getloadavg()[0]:.2f} at the end; tables equal but for the scores: {same}"
     )
     print("| batch_scope | median s | min s | runs |")
     print("|---|---|---|---|")

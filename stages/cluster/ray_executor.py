@@ -6,7 +6,7 @@ rollout.groups)); the actors write their shard files into the run directory, whi
 see at the same path (a shared filesystem), and the driver merges them with ``merge_rollout_shards``.
 Task draws, group names and every random stream are those of the unsharded run, so the merged steps
 table equals the local one. With ``rollout.batch_scope = "group"`` it is the local file byte for byte;
-under the default ``"all"`` only ``response_logprobs`` differ in the last float bits, because a batch
+under the default ``"all"`` only the scores (``response_logprobs``, ``choice_scores``) differ in the last float bits, because a batch
 of other prompts pads and sums differently (docs/scaling.md "Same tables as a local run").
 
 The actors live as long as the pool, keeping their environment and engine between iterations.

@@ -47,6 +47,7 @@ class _Turn:
     action: str | None
     choices: list[str] | None
     well_formed: bool = True  # the parsing rule's format check (stages.envs.parser.ParsedTurn)
+    choice_scores: list[float] | None = None  # choose mode: m_j of each choice (the update's pi_old)
 
 
 def _default_prompt_fn() -> Callable[..., str]:
@@ -326,7 +327,16 @@ def _choose_turn(
         means = np.array([float(np.mean(lp, dtype=np.float64)) for lp in lps])
         j = sample_index(choice_log_probs(means, temperature), slot.rng)
         outs.append(
-            _Turn(text, pids, options[j], list(cids[j]), [float(x) for x in lps[j]], options[j], options)
+            _Turn(
+                text,
+                pids,
+                options[j],
+                list(cids[j]),
+                [float(x) for x in lps[j]],
+                options[j],
+                options,
+                choice_scores=[float(m) for m in means],
+            )
         )
     return outs
 
@@ -374,6 +384,7 @@ def _row(slot: _Slot, rec: StepRecord, out: _Turn) -> dict[str, Any]:
         "response_ids": out.response_ids,
         "response_logprobs": out.response_logprobs,
         "choices": out.choices,
+        "choice_scores": out.choice_scores,
         "error": rec.error,
     }
 
@@ -402,6 +413,7 @@ STEPS_FRAME_SCHEMA = {
     "response_ids": pl.List(pl.Int32),
     "response_logprobs": pl.List(pl.Float32),
     "choices": pl.List(pl.String),
+    "choice_scores": pl.List(pl.Float64),
     "policy_version": pl.String,
     "error": pl.String,
     "score": pl.Float64,

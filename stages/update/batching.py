@@ -66,7 +66,8 @@ class UpdateRows:
     prompt_ids / response_ids: n int arrays. advantage: (n,) float64.
     behaviour_logprobs: n float32 arrays or None (stored ``response_logprobs`` where present).
     choices: per row None (token row) or the list of each admissible choice's ids; chosen: (n,) index
-    of the response among the choices (-1 for token rows).
+    of the response among the choices (-1 for token rows). choice_scores: per row None or the stored
+    behaviour m_j of each choice (``choice_scores`` of a choose-mode rollout, aligned with ``choices``).
     """
 
     keys: pl.DataFrame
@@ -76,6 +77,7 @@ class UpdateRows:
     behaviour_logprobs: list[np.ndarray | None]
     choices: list[list[np.ndarray] | None]
     chosen: np.ndarray
+    choice_scores: list[np.ndarray | None] | None = None
 
     @property
     def n(self) -> int:
@@ -142,6 +144,7 @@ def build_update_rows(
         joined["response_logprobs"].to_list() if "response_logprobs" in joined.columns else [None] * n
     )
     choices_col = joined["choices"].to_list() if "choices" in joined.columns else [None] * n
+    scores_col = joined["choice_scores"].to_list() if "choice_scores" in joined.columns else [None] * n
     prompts: list[np.ndarray] = []
     responses: list[np.ndarray] = []
     behaviour: list[np.ndarray | None] = []
@@ -164,6 +167,7 @@ def build_update_rows(
             behaviour.append(None)
 
     choices: list[list[np.ndarray] | None] = [None] * n
+    choice_scores: list[np.ndarray | None] = [None] * n
     chosen = np.full(n, -1, dtype=np.int64)
     choice_rows = [i for i in range(n) if choices_col[i] is not None]
     if choice_rows:
@@ -186,6 +190,14 @@ def build_update_rows(
                 )
             choices[i] = row_choices
             chosen[i] = match[0]
+            if scores_col[i] is not None:
+                scores = np.asarray(scores_col[i], dtype=np.float64)
+                if scores.size != len(row_choices) or not np.all(np.isfinite(scores)):
+                    raise GraftError(
+                        f"{where(i)}: choice_scores must be one finite number per choice "
+                        f"({scores.size} for {len(row_choices)} choices)"
+                    )
+                choice_scores[i] = scores
     return UpdateRows(
         keys=keys,
         prompt_ids=prompts,
@@ -194,6 +206,7 @@ def build_update_rows(
         behaviour_logprobs=behaviour,
         choices=choices,
         chosen=chosen,
+        choice_scores=choice_scores,
     )
 
 

@@ -12,11 +12,12 @@ Reference log-probs (only when ``update.beta != 0``) are cached in ``iter_NNNN/r
 log-probs are stored as the reference log-probs instead of a second pass over the rows.
 With ``update.shared_trunk`` (LoRA on the last K layers, single process), the reference and the policy
 share one computation per row of the frozen layers below the adapters (``stages.update.shared_trunk``).
-Old (behaviour) log-probs: choose rows always recompute ``pi_old`` over their choices with the
-pre-update policy (only the chosen action's token log-probs are stored); token rows use the stored
-``response_logprobs`` when the rollout engine is the training engine (``rollout.engine = "hf"``) and
-the rows were produced by the policy being trained, and are recomputed otherwise
-(``update.old_logprobs`` = ``auto`` | ``recompute`` | ``stored`` overrides).
+Old (behaviour) log-probs: token rows use the stored ``response_logprobs`` when the rollout engine
+is the training engine (``rollout.engine = "hf"``) and the rows were produced by the policy being
+trained, and are recomputed otherwise; choose rows recompute ``pi_old`` over their choices with the
+pre-update policy (``update.old_logprobs`` = ``auto`` | ``recompute`` | ``stored`` overrides:
+``stored`` takes every row's from the rollout, a choose row's ``pi_old(a|s) = log_softmax_j(m_j / T)``
+from the ``choice_scores`` its rollout recorded).
 
 Under ``torchrun --nproc_per_node K`` the rows of each minibatch are split across K ranks; rank 0
 writes the tables and the one checkpoint.
@@ -51,7 +52,7 @@ from schemas.metrics import metrics_frame
 from schemas.rundir import Run
 from stages.observe.progress import terminal_progress
 from stages.policy.adapters import is_adapter_dir, merged_model
-from stages.policy.sampling import derive_rng
+from stages.policy.sampling import choice_log_probs, derive_rng
 from stages.update.batching import (
     KEYS,
     UpdateRows,
@@ -274,15 +275,23 @@ def stored_logprobs_usable(rows: UpdateRows, config: Config, version: str, steps
     return all(v == version for v in versions)
 
 
+def stored_choice_logprob(rows: UpdateRows, i: int, temperature: float) -> float:
+    """log pi_old(a|s) of choose row ``i`` from its rollout's ``choice_scores``: the rollout's own
+    ``log_softmax_j(m_j / T)`` at the chosen index (docs/design.md §6)."""
+    scores = rows.choice_scores[i] if rows.choice_scores is not None else None
+    if scores is None:
+        raise ValueError(f"{rows.describe(i)} has no choice_scores")
+    return float(choice_log_probs(scores, temperature)[rows.chosen[i]])
+
+
 def old_logprobs(
-    job: UpdateJob, model: torch.nn.Module, use_stored: bool, skip: np.ndarray | None = None
+    job: UpdateJob, model: torch.nn.Module, stored: np.ndarray, skip: np.ndarray | None = None
 ) -> RowLogProbs:
-    """Log-probs of the pre-update policy: stored for token rows when ``use_stored``, else recomputed
-    (always for choose rows: pi_old over their choices); ``skip`` rows are left for the first
-    optimizer step's forward pass to fill (``forward_filled_rows``)."""
+    """Log-probs of the pre-update policy: taken from the rollout for the rows ``stored`` marks (n,)
+    bool, recomputed for the others; ``skip`` rows are left for the first optimizer step's forward pass
+    to fill (``forward_filled_rows``)."""
     rows, config = job.rows, job.config
-    token_rows = np.flatnonzero(~rows.is_choice)
-    recompute = np.flatnonzero(rows.is_choice) if use_stored else np.arange(rows.n)
+    recompute = np.flatnonzero(~stored)
     if skip is not None:
         recompute = np.setdiff1d(recompute, skip)
     scored = (
@@ -299,24 +308,24 @@ def old_logprobs(
         if recompute.size
         else RowLogProbs([np.zeros(0, np.float32)] * rows.n, np.full(rows.n, np.nan))
     )
-    if use_stored:
-        for i in token_rows:
-            scored.tokens[i] = rows.behaviour_logprobs[i]  # type: ignore[assignment]
+    for i in np.flatnonzero(stored):
+        scored.tokens[i] = rows.behaviour_logprobs[i]  # type: ignore[assignment]
+        if rows.is_choice[i]:
+            scored.choice[i] = stored_choice_logprob(rows, int(i), job.temperature)
     return scored
 
 
-def forward_filled_rows(job: UpdateJob, use_stored: bool) -> np.ndarray | None:
+def forward_filled_rows(job: UpdateJob, stored: np.ndarray) -> np.ndarray | None:
     """Rows whose old log-probs the first optimizer step's own forward pass provides
     (``update.old_logprobs = "forward"``, one process): the first minibatch's rows that would otherwise
-    be recomputed (all of them, or only its choose rows when token rows use stored log-probs). None
-    when the option is off."""
+    be recomputed (those ``stored`` does not mark). None when the option is off."""
     from stages.update.trainer import first_minibatch
 
     rows, config = job.rows, job.config
     if config.update.old_logprobs != "forward" or job.ctx.distributed:
         return None
     first = first_minibatch(rows.n, config.update, update_rng(config.run.seed, job.iteration))
-    return first[rows.is_choice[first]] if use_stored else first
+    return first[~stored[first]]
 
 
 def engine_logprob_gap(rows: UpdateRows, old: RowLogProbs) -> dict[str, float]:
@@ -409,12 +418,12 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     model, adapters, lora_base = load_policy_to_train(job)
     trunk_shared = job.trunk is not None and join_trunk(model, job.trunk)
     t_old = time.perf_counter()
-    use_stored = stored_logprobs_used(job)
+    stored = stored_logprobs_rows(job)
     model = wrap_model(model, ctx, cfg.parallel)
     # the optimizer takes the (sharded) parameters before any forward pass
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    from_forward = forward_filled_rows(job, use_stored)
-    old = old_logprobs(job, model, use_stored, skip=from_forward)
+    from_forward = forward_filled_rows(job, stored)
+    old = old_logprobs(job, model, stored, skip=from_forward)
     old_seconds = time.perf_counter() - t_old
     probe = probe_indices(rows.n, cfg.kl_probe_rows, update_rng(config.run.seed, iteration, "kl-probe"))
     probe_before = row_distributions(model, rows, probe, job.temperature)
@@ -449,7 +458,8 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
             {
                 "ref_seconds": ref_seconds,
                 "old_seconds": old_seconds,
-                "old_logprobs_stored": float(use_stored and bool((~rows.is_choice).any())),
+                "old_logprobs_stored": float(stored.any()),
+                "old_logprobs_stored_rows": float(stored.sum()),
                 # rows whose old log-probs came from the first step's own forward pass
                 "old_logprobs_from_forward": float(0 if from_forward is None else from_forward.size),
                 "choose_rows": float(rows.is_choice.sum()),
@@ -538,20 +548,30 @@ def load_policy_to_train(job: UpdateJob) -> tuple[torch.nn.Module, Any, Path | N
     return model, adapters, lora_base
 
 
-def stored_logprobs_used(job: UpdateJob) -> bool:
-    """Whether token rows take their old log-probs from the rollout (``update.old_logprobs``: "stored"
-    always, refusing rows without them; "auto" when ``stored_logprobs_usable``; "recompute" never)."""
+def stored_logprobs_rows(job: UpdateJob) -> np.ndarray:
+    """(n,) bool: the rows whose old log-probs come from the rollout (``update.old_logprobs``:
+    "stored" every row, refusing one without them -- a token row needs ``response_logprobs``, a choose
+    row ``choice_scores`` too; "auto"/"forward" the token rows when ``stored_logprobs_usable``;
+    "recompute" none)."""
     rows, config = job.rows, job.config
     if config.update.old_logprobs == "stored":
-        missing = [i for i in np.flatnonzero(~rows.is_choice) if rows.behaviour_logprobs[i] is None]
-        if missing:
-            raise GraftError(
-                f"{job.steps_path}: update.old_logprobs = 'stored' but {rows.describe(missing[0])} has no response_logprobs"
+        for i in range(rows.n):
+            missing = (
+                "response_logprobs"
+                if rows.behaviour_logprobs[i] is None
+                else "choice_scores"
+                if rows.is_choice[i] and (rows.choice_scores is None or rows.choice_scores[i] is None)
+                else None
             )
-        return True
-    return config.update.old_logprobs == "auto" and stored_logprobs_usable(
+            if missing:
+                raise GraftError(
+                    f"{job.steps_path}: update.old_logprobs = 'stored' but {rows.describe(i)} has no {missing}"
+                )
+        return np.ones(rows.n, dtype=bool)
+    usable = config.update.old_logprobs in ("auto", "forward") and stored_logprobs_usable(
         rows, config, policy_version(job), job.steps
     )
+    return ~rows.is_choice if usable else np.zeros(rows.n, dtype=bool)
 
 
 def resume_optimizer(

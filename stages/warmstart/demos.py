@@ -67,7 +67,9 @@ from stages.policy.sampling import derive_rng
 EXPERT_VERSION = "expert"
 # the rollout's columns except the token ones (demos belong to no model)
 DEMO_COLUMNS = tuple(
-    c for c in STEPS_FRAME_SCHEMA if c not in ("prompt_ids", "response_ids", "response_logprobs", "choices")
+    c
+    for c in STEPS_FRAME_SCHEMA
+    if c not in ("prompt_ids", "response_ids", "response_logprobs", "choices", "choice_scores")
 )
 
 

@@ -52,6 +52,10 @@ def reference(tmp_path_factory) -> Path:
     return micro_run(tmp_path_factory.mktemp("ref"))
 
 
+# the behaviour policy's scores: their last float bits depend on how the policy calls were batched
+SCORES = ["response_logprobs", "choice_scores"]
+
+
 def ray_config():
     config = micro_config()
     config.cluster.executor = "ray"
@@ -68,9 +72,9 @@ def _parquet_names(root: Path) -> list[str]:
 
 def assert_same_run(want: Path, got: Path) -> None:
     """Run ``got`` holds the tables and checkpoints of run ``want``: every table equal (rows, order,
-    values) but for wall-clock metrics rows and the merge's ``shards`` row, and ``response_logprobs``
-    equal to float32 rounding (another batch pads and sums differently; nothing downstream of a
-    choose-mode rollout reads them); checkpoint tensors bit-identical."""
+    values) but for wall-clock metrics rows and the merge's ``shards`` row, and the behaviour policy's
+    scores (``response_logprobs``, ``choice_scores``) equal to float32 rounding (another batch pads and
+    sums differently); checkpoint tensors bit-identical."""
     from safetensors.torch import load_file
 
     assert _parquet_names(got) == _parquet_names(want)
@@ -79,10 +83,11 @@ def assert_same_run(want: Path, got: Path) -> None:
         if "name" in a.columns:
             keep = ~pl.col("name").str.contains(WALL_CLOCK) & (pl.col("name") != MERGE_ONLY)
             a, b = a.filter(keep), b.filter(keep)
-        if "response_logprobs" in a.columns:
-            x, y = (f["response_logprobs"].explode().to_numpy() for f in (a, b))
-            np.testing.assert_allclose(y, x, rtol=0, atol=1e-5, err_msg=name)
-            a, b = a.drop("response_logprobs"), b.drop("response_logprobs")
+        for column in SCORES:
+            if column in a.columns:
+                x, y = (f[column].explode().to_numpy() for f in (a, b))
+                np.testing.assert_allclose(y, x, rtol=0, atol=1e-5, err_msg=f"{name}: {column}")
+                a, b = a.drop(column), b.drop(column)
         assert b.equals(a), name
     tensors = sorted(str(p.relative_to(want)) for p in (want / "checkpoints").rglob("*.safetensors"))
     assert tensors and tensors == sorted(
@@ -222,9 +227,9 @@ def test_c_a_lost_duplicated_or_reordered_shard_changes_the_table_and_the_merge_
         report = RolloutWorker(shard, 2).play(str(run.root), 0, config, str(run.initial_model_dir), "initial")
         assert report.played
     first, second = (read_table(folder / shard_name("steps", (s, 2)), "steps") for s in (0, 1))
-    want = read_table(reference / "iter_0000" / "steps.parquet", "steps").drop("response_logprobs")
+    want = read_table(reference / "iter_0000" / "steps.parquet", "steps").drop(SCORES)
     for wrong in (first, pl.concat([first, first]), pl.concat([second, first])):  # lost, twice, reordered
-        assert not wrong.drop("response_logprobs").equals(want)
+        assert not wrong.drop(SCORES).equals(want)
 
     steps1 = folder / shard_name("steps", (1, 2))
     kept = steps1.read_bytes()
@@ -235,7 +240,7 @@ def test_c_a_lost_duplicated_or_reordered_shard_changes_the_table_and_the_merge_
     assert not merge_rollout_shards(run, 0, config, 2) and not run.stage_complete("rollout", 0)
     steps1.write_bytes(kept)
     assert merge_rollout_shards(run, 0, config, 2)
-    assert run.read(0, "steps").drop("response_logprobs").equals(want)
+    assert run.read(0, "steps").drop(SCORES).equals(want)
     # a worker asked again for a finished shard does not play it
     worker = RolloutWorker(1, 2)
     shutil.copy(folder / "steps.parquet", folder / shard_name("steps", (1, 2)))

@@ -36,6 +36,10 @@ from tests.helpers.rollout_fakes import CorridorEnv, ScriptedEngine, corridor_pr
 torch.set_num_threads(1)
 
 
+# the behaviour policy's numbers: their last float bits depend on how the policy calls were batched
+SCORES = ["response_logprobs", "choice_scores"]
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("ro") / "model"
@@ -117,6 +121,15 @@ def test_choose_mode_rows_follow_the_shared_convention(engine) -> None:
             _fresh_logprobs(engine.model, row["prompt_ids"], row["response_ids"]),
             atol=1e-4,
         )
+        # choice_scores: m_j of every choice, in the order of `choices` (the update's pi_old)
+        assert len(row["choice_scores"]) == len(row["choices"])
+        chosen = row["choices"].index(row["action"])
+        assert row["choice_scores"][chosen] == pytest.approx(np.mean(row["response_logprobs"]), abs=1e-6)
+        for choice, score in zip(row["choices"], row["choice_scores"], strict=True):
+            ids = tok.encode(choice, add_special_tokens=False)
+            assert score == pytest.approx(
+                np.mean(_fresh_logprobs(engine.model, row["prompt_ids"], ids)), abs=1e-4
+            )
     # rows are ordered by trajectory, then step
     assert steps.select("traj_id", "step").equals(steps.select("traj_id", "step").sort("traj_id", "step"))
 
@@ -155,7 +168,12 @@ def test_same_seed_same_table_and_other_seed_differs(model_dir, engine) -> None:
     assert _collect(fresh_engine, seed=7, tasks=4, group_size=2).equals(first)
     # another batching changes float rounding only: same decisions (per-episode random streams)
     rebatched = _collect(fresh_engine, seed=7, tasks=4, group_size=2, batch_size=5)
-    assert rebatched.drop("response_logprobs").equals(first.drop("response_logprobs"))
+    assert rebatched.drop(SCORES).equals(first.drop(SCORES))
+    np.testing.assert_allclose(
+        rebatched["choice_scores"].explode().to_numpy(),
+        first["choice_scores"].explode().to_numpy(),
+        atol=1e-5,
+    )
     np.testing.assert_allclose(
         rebatched["response_logprobs"].explode().to_numpy(),
         first["response_logprobs"].explode().to_numpy(),
@@ -364,7 +382,7 @@ def test_shards_merge_into_the_unsharded_table(tmp_path, corridor_registered, mo
     assert not merge_rollout_shards(sharded, 0, config, 2)
     assert run_rollout(sharded, 0, config, shard=(0, 2), progress=False) == sharded.table_path(0, "steps")
     a, b = whole.read(0, "steps"), sharded.read(0, "steps")
-    assert a.drop("response_logprobs").equals(b.drop("response_logprobs"))
+    assert a.drop(SCORES).equals(b.drop(SCORES))
     assert not list(sharded.iter_dir(0).glob("*.shard-*"))
     cached = [
         read_table(run.iter_dir(0) / "metrics_rollout.parquet", "metrics")
@@ -398,10 +416,10 @@ def test_group_batch_scope_makes_sharded_steps_byte_identical(tmp_path, corridor
         if scope == "group":
             assert paths[0].read_bytes() == paths[1].read_bytes()
     (all_whole, all_sharded), (group_whole, _) = tables["all"], tables["group"]
-    assert all_whole.drop("response_logprobs").equals(all_sharded.drop("response_logprobs"))
+    assert all_whole.drop(SCORES).equals(all_sharded.drop(SCORES))
     assert not all_whole["response_logprobs"].equals(all_sharded["response_logprobs"])
     # the scope changes only how calls are batched, never a decision
-    assert group_whole.drop("response_logprobs").equals(all_whole.drop("response_logprobs"))
+    assert group_whole.drop(SCORES).equals(all_whole.drop(SCORES))
 
 
 def test_turn_batches_keep_scopes_apart_and_reproduce_length_sorted_slices() -> None:

@@ -293,17 +293,21 @@ def test_sigkill_while_writing_leaves_only_a_tmp_file(tmp_path):
     )
 
 
-def test_steps_v1_tables_still_read_with_score_null(tmp_path):
-    # steps v2 added the nullable `score`; a table written by a graft that knew v1 reads unchanged.
+def test_older_steps_tables_still_read_with_new_columns_null(tmp_path):
+    # steps v2 added the nullable `score`, v3 `choice_scores`; tables written by a graft that knew v1
+    # or v2 read unchanged, with the columns they lack null.
     from tests.helpers.credit_cases import fig2_steps
 
-    path = write_table(fig2_steps(), "steps", tmp_path / "v2.parquet")
-    table = pq.read_table(path).drop(["score"])
-    meta = {b"graft.table": b"steps", b"graft.schema_version": b"1"}
-    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "v1.parquet")
-    old = read_table(tmp_path / "v1.parquet", "steps")
-    assert old["score"].null_count() == old.height and old.columns == TABLES["steps"].column_names
-    meta[b"graft.schema_version"] = b"3"
-    pq.write_table(table.replace_schema_metadata(meta), tmp_path / "v3.parquet")
-    with pytest.raises(GraftError, match="schema version 3"):
-        read_table(tmp_path / "v3.parquet", "steps")
+    path = write_table(fig2_steps(), "steps", tmp_path / "v3.parquet")
+    for version, dropped in ((b"1", ["score", "choice_scores"]), (b"2", ["choice_scores"])):
+        table = pq.read_table(path).drop(dropped)
+        meta = {b"graft.table": b"steps", b"graft.schema_version": version}
+        pq.write_table(table.replace_schema_metadata(meta), tmp_path / "old.parquet")
+        old = read_table(tmp_path / "old.parquet", "steps")
+        assert old.columns == TABLES["steps"].column_names
+        for name in dropped:
+            assert old[name].null_count() == old.height
+    meta = {b"graft.table": b"steps", b"graft.schema_version": b"4"}
+    pq.write_table(pq.read_table(path).replace_schema_metadata(meta), tmp_path / "v4.parquet")
+    with pytest.raises(GraftError, match="schema version 4"):
+        read_table(tmp_path / "v4.parquet", "steps")

@@ -139,6 +139,73 @@ def test_stored_logprobs_are_used_for_the_training_engine(tmp_path):
     assert t[(0, 0, "ratio_mean")] == pytest.approx(1.0, abs=1e-6)
 
 
+def test_stored_choice_scores_are_the_old_policy_of_choose_rows(tmp_path):
+    """update.old_logprobs = "stored" in choose mode: pi_old(a|s) = log_softmax_j(m_j / T) of the rollout's
+    choice_scores, no row recomputed. Scores equal to the trainer's give the recomputing update's first
+    ratio (1); uniform scores give pi_old = 1/K, so the first ratio of row i is K_i * pi_theta(a_i|s_i)."""
+    from stages.update import run_update
+    from stages.update.checkpoint import load_model
+    from stages.update.logprobs import choice_log_probs
+    from stages.update.runner import effective_temperature
+
+    run, config = make_run(tmp_path, "choose", old_logprobs="stored", minibatch_size=12, epochs=1)
+    steps = run.read(0, "steps")
+    tok = make_tokenizer()
+    choices = [[tok.encode(c, add_special_tokens=False) for c in cs] for cs in steps["choices"].to_list()]
+    chosen = [
+        cs.index(a) for cs, a in zip(steps["choices"].to_list(), steps["action"].to_list(), strict=True)
+    ]
+    temperature = effective_temperature(config)
+    with torch.no_grad():
+        scores = choice_log_probs(
+            load_model(run.initial_model_dir), steps["prompt_ids"].to_list(), choices, temperature
+        )
+    pi_theta = np.array([float(scores.log_probs[i, j].exp()) for i, j in enumerate(chosen)])
+    trainer_m = [scores.mean_logprob[i, : len(cs)].double().tolist() for i, cs in enumerate(choices)]
+    uniform = [[0.0] * len(cs) for cs in choices]
+    for name, stored, expected in (
+        ("same", trainer_m, 1.0),
+        ("uniform", uniform, float(np.mean([len(cs) * p for cs, p in zip(choices, pi_theta, strict=True)]))),
+    ):
+        table = steps.with_columns(pl.Series("choice_scores", stored, dtype=pl.List(pl.Float64)))
+        write_table(table, "steps", run.table_path(0, "steps"))
+        run_update(run, 0, config)
+        t = update_values(run)
+        assert t[(-1, -1, "old_logprobs_stored")] == 1.0 and t[(-1, -1, "old_logprobs_stored_rows")] == 12
+        assert t[(0, 0, "ratio_mean")] == pytest.approx(expected, abs=1e-5), name
+    assert expected != pytest.approx(1.0, abs=1e-3)  # the uniform case is a real test of which pi_old is used
+
+    # a choose row without choice_scores is refused by name, before anything is written
+    write_table(steps, "steps", run.table_path(0, "steps"))
+    run.table_path(0, "update").unlink()
+    with pytest.raises(GraftError, match=r"old_logprobs = 'stored' but row 0 .* has no choice_scores"):
+        run_update(run, 0, config)
+    assert not run.table_path(0, "update").exists()
+
+
+def test_choice_scores_must_match_the_choices():
+    from stages.update.batching import build_update_rows
+
+    tok = make_tokenizer()
+    ids = tok.encode("go", add_special_tokens=False)
+    row = {
+        "group_id": "g",
+        "traj_id": "t",
+        "step": 0,
+        "prompt_ids": [1, 2],
+        "response_ids": ids,
+        "choices": ["go", "look"],
+        "advantage": 1.0,
+    }
+    encode = lambda cs: [tok.encode(c, add_special_tokens=False) for c in cs]  # noqa: E731
+    for bad in ([-1.0], [-1.0, float("nan")]):
+        joined = pl.DataFrame([{**row, "choice_scores": bad}])
+        with pytest.raises(GraftError, match="row 0 .*choice_scores must be one finite number per choice"):
+            build_update_rows(joined, encode)
+    rows = build_update_rows(pl.DataFrame([{**row, "choice_scores": [-1.0, -2.0]}]), encode)
+    np.testing.assert_array_equal(rows.choice_scores[0], [-1.0, -2.0])
+
+
 def test_a_step_raises_positive_and_lowers_negative_responses():
     from stages.update.logprobs import choice_log_probs, response_log_probs
 
