@@ -200,11 +200,16 @@ def compute_reference(
     trunk: TrunkCache | None = None,
 ) -> list[np.ndarray]:
     """Token log-probs of every response under the frozen reference model (its trunk outputs left in
-    ``trunk`` for the policy, when given and shareable)."""
+    ``trunk`` for the policy, when given and shareable).
+
+    A choose row's reference is its chosen action's tokens at T = 1. Alone, the reference scores them
+    as a plain ``prompt ++ action`` sequence (the fewest positions); on a shared trunk it scores the
+    row packed as the policy passes will (``prompt ++ every choice``), so that they read the trunk it
+    computed instead of computing a second one for another sequence.
+    """
     model = load_model(ref_path, config.model.trust_remote_code).to(ctx.device).eval()
     model.requires_grad_(False)
-    if trunk is not None:
-        join_trunk(model, trunk)
+    shared = trunk is not None and join_trunk(model, trunk)
     if ctx.distributed and config.update.parallel == "fsdp":
         model = wrap_model(model, ctx, "fsdp")
     scores = score_all_rows(
@@ -214,7 +219,7 @@ def compute_reference(
         config.update.max_tokens_per_batch,
         ctx,
         config.update.bf16,
-        as_tokens=True,
+        as_tokens=not shared,
         bf16_on_cpu=config.update.bf16_on_cpu,
     )
     leave_trunk(model)

@@ -237,6 +237,11 @@ def test_an_update_with_the_shared_trunk_equals_one_without(tmp_path, mode):
     plain, shared = (update_values(results[s], 1) for s in (False, True))
     assert shared[(-1, -1, "trunk_shared")] == 1.0
     assert shared[(-1, -1, "trunk_rows_reused")] > shared[(-1, -1, "trunk_rows_computed")] > 0
+    # the reference and the policy passes score the same sequences (choose rows packed in both), so
+    # each distinct row's trunk is computed once in the iteration
+    steps = results[True].read(1, "steps")
+    what = ["prompt_ids", "choices"] if mode == "choose" else ["prompt_ids", "response_ids"]
+    assert shared[(-1, -1, "trunk_rows_computed")] == steps.select(what).unique().height
     assert not any(name.startswith("trunk_") for (_, _, name) in plain)
     for key, value in plain.items():
         if key[2].endswith("seconds") or key[2] in ("tokens_per_s", "rows_per_s"):
