@@ -107,11 +107,9 @@ def record(run: Path) -> str:
         )
         loop = overall(folder / "metrics_loop.parquet")
         successes.append(rollout.get("success_rate", float("nan")))
-        gap = (
-            f"{update['engine_logprob_gap_mean']:.1e} / {update['engine_logprob_gap_max']:.2f}"
-            if ("engine_logprob_gap_mean" in update)
-            else "-"
-        )
+        # the token gap of recomputed rows; where none was recomputed, the probe's choice gap
+        kind = next((k for k in ("engine_logprob_gap", "engine_choice_gap") if f"{k}_mean" in update), None)
+        gap = f"{update[f'{kind}_mean']:.1e} / {update[f'{kind}_max']:.2f}" if kind else "-"
         rows.append(
             f"| {k} | {cell(rollout.get('success_rate'), 3)} | {cell(rollout.get('valid_action_rate'), 3)} "
             f"| {cell(update.get('kl'), 4)} | {cell(update.get('policy_kl'), 4)} "

@@ -333,21 +333,43 @@ def forward_filled_rows(job: UpdateJob, stored: np.ndarray) -> np.ndarray | None
     return first[~stored[first]]
 
 
-def engine_logprob_gap(rows: UpdateRows, old: RowLogProbs) -> dict[str, float]:
-    """How far the rollout engine's stored behaviour log-probs are from the trainer's own log-probs of
-    the same tokens under the same weights, |stored - recomputed| per token: ``engine_logprob_gap_max``
-    and ``engine_logprob_gap_mean`` over every row that has both. Written when another engine acted
-    (``rollout.engine != "hf"``): float32 on both sides gives ~1e-6, a dtype or kernel mismatch
-    ~1e-3, weights that did not reach the engine far more."""
+def engine_logprob_gap(
+    rows: UpdateRows,
+    old: RowLogProbs,
+    stored: np.ndarray,
+    probe: np.ndarray,
+    probe_before: list[torch.Tensor],
+    temperature: float,
+) -> dict[str, float]:
+    """How far the rollout engine's numbers are from the trainer's own under the same weights. Written
+    when another engine acted (``rollout.engine != "hf"``): float32 on both sides gives ~1e-6, a dtype
+    or kernel mismatch ~1e-3, weights that did not reach the engine far more.
+
+    ``engine_logprob_gap_max`` / ``_mean``: |stored - recomputed| per response token over the rows whose
+    old log-probs were recomputed (``stored`` (n,) False). ``engine_choice_gap_max`` / ``_mean``: over
+    the KL probe's rows (``probe``, with their pre-update distributions ``probe_before``) that are
+    choose rows with ``choice_scores``, |log_softmax(m / T) - the trainer's log pi(j|s)| per choice --
+    the check that covers choose rows whose pi_old was never recomputed.
+    """
+    out: dict[str, float] = {}
     gaps = [
-        np.abs(np.asarray(stored, np.float64) - np.asarray(old.tokens[i], np.float64))
-        for i, stored in enumerate(rows.behaviour_logprobs)
-        if stored is not None and len(stored) and len(stored) == len(old.tokens[i])
+        np.abs(np.asarray(kept, np.float64) - np.asarray(old.tokens[i], np.float64))
+        for i, kept in enumerate(rows.behaviour_logprobs)
+        if not stored[i] and kept is not None and len(kept) and len(kept) == len(old.tokens[i])
     ]
-    if not gaps:
-        return {}
-    every = np.concatenate(gaps)
-    return {"engine_logprob_gap_max": float(every.max()), "engine_logprob_gap_mean": float(every.mean())}
+    if gaps:
+        every = np.concatenate(gaps)
+        out |= {"engine_logprob_gap_max": float(every.max()), "engine_logprob_gap_mean": float(every.mean())}
+    scores = rows.choice_scores or [None] * rows.n
+    choice_gaps = [
+        np.abs(choice_log_probs(scores[i], temperature) - before.double().numpy())
+        for i, before in zip(probe.tolist(), probe_before, strict=True)
+        if rows.is_choice[i] and scores[i] is not None
+    ]
+    if choice_gaps:
+        every = np.concatenate(choice_gaps)
+        out |= {"engine_choice_gap_max": float(every.max()), "engine_choice_gap_mean": float(every.mean())}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,6 +473,11 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
     moved = kl_summary(
         exact_kl(row_distributions(model, rows, probe, job.temperature), probe_before), probe_tokens
     )
+    engine_gap = (
+        engine_logprob_gap(rows, old, stored, probe, probe_before, job.temperature)
+        if config.rollout.engine != "hf"
+        else {}
+    )
     del probe_before
     # a LoRA checkpoint is the adapters alone (peft saves them from the peft model)
     model_state = gather_model_state(unwrap(model), keep=ctx.is_main) if adapters is None else None
@@ -470,7 +497,7 @@ def _run_update(run: Run, iteration: int, config: Config, ctx: DistContext) -> N
                 "choose_rows": float(rows.is_choice.sum()),
                 "world_size": float(ctx.world_size),
                 **trunk_metrics(job.trunk, trunk_shared),
-                **(engine_logprob_gap(rows, old) if config.rollout.engine != "hf" else {}),
+                **engine_gap,
                 **moved,
             },
         )

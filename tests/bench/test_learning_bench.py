@@ -153,19 +153,19 @@ def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
         )
 
     run = run_with_evals(tmp_path, initial_wins=32, last_wins=48)
-    update = {
-        "kl": 0.00012,
-        "policy_kl": 0.002,
-        "entropy": 0.25,
-        "engine_logprob_gap_mean": 0.0007,
-        "engine_logprob_gap_max": 0.3,
-    }
+    update = {"kl": 0.00012, "policy_kl": 0.002, "entropy": 0.25}
+    # iteration 0 recomputed its rows (the token gap); iteration 1 took every pi_old from the rollout,
+    # so only its probe's choice gap exists
+    gaps = (
+        {"engine_logprob_gap_mean": 0.0002, "engine_logprob_gap_max": 0.1},
+        {"engine_choice_gap_mean": 0.0007, "engine_choice_gap_max": 0.3},
+    )
     loop = {"seconds_rollout": 68.2, "seconds_update": 61.0, "seconds_iteration": 130.4}
     for k, success in enumerate((0.5, 0.75)):
         folder = run / f"iter_{k:04d}"
         folder.mkdir(exist_ok=True)
         rollout = {"success_rate": success, "valid_action_rate": 0.9}
-        for stage, values in (("rollout", rollout), ("update", update), ("loop", loop)):
+        for stage, values in (("rollout", rollout), ("update", update | gaps[k]), ("loop", loop)):
             write_table(metrics(values, stage, k), "metrics", folder / f"metrics_{stage}.parquet")
         # group 0: node 0 -> 1 twice and -> 2 once (3 rows at a branching state), node 1 -> 3 once;
         # group 1: node 0 -> 1 three times (the same next state: not branching); 3 of 7 rows
@@ -218,6 +218,8 @@ def test_run_record_rows_and_summary_hand_computed(tmp_path: Path) -> None:
         "130",
         "7.0e-04 / 0.30",
     ]
+    first = next(line for line in text.splitlines() if line.startswith("| 0 |"))
+    assert first.split("|")[-2].strip() == "2.0e-04 / 0.10"
 
 
 def test_run_record_counts_the_draws_gained_and_lost_on_common_draws(tmp_path: Path) -> None:

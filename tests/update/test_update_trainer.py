@@ -148,7 +148,10 @@ def test_stored_choice_scores_are_the_old_policy_of_choose_rows(tmp_path):
     from stages.update.logprobs import choice_log_probs
     from stages.update.runner import effective_temperature
 
-    run, config = make_run(tmp_path, "choose", old_logprobs="stored", minibatch_size=12, epochs=1)
+    run, config = make_run(
+        tmp_path, "choose", old_logprobs="stored", minibatch_size=12, epochs=1, kl_probe_rows=12
+    )
+    config.rollout.engine = "vllm"  # another engine acted: the update reports its gap to the trainer
     steps = run.read(0, "steps")
     tok = make_tokenizer()
     choices = [[tok.encode(c, add_special_tokens=False) for c in cs] for cs in steps["choices"].to_list()]
@@ -163,9 +166,21 @@ def test_stored_choice_scores_are_the_old_policy_of_choose_rows(tmp_path):
     pi_theta = np.array([float(scores.log_probs[i, j].exp()) for i, j in enumerate(chosen)])
     trainer_m = [scores.mean_logprob[i, : len(cs)].double().tolist() for i, cs in enumerate(choices)]
     uniform = [[0.0] * len(cs) for cs in choices]
-    for name, stored, expected in (
-        ("same", trainer_m, 1.0),
-        ("uniform", uniform, float(np.mean([len(cs) * p for cs, p in zip(choices, pi_theta, strict=True)]))),
+    # the probe (all 12 rows) compares each stored distribution with the trainer's: 0, or |log(1/K) - log pi|
+    uniform_gap = np.concatenate(
+        [
+            np.abs(-np.log(len(cs)) - scores.log_probs[i, : len(cs)].double().numpy())
+            for i, cs in enumerate(choices)
+        ]
+    )
+    for name, stored, expected, gap in (
+        ("same", trainer_m, 1.0, (0.0, 0.0)),
+        (
+            "uniform",
+            uniform,
+            float(np.mean([len(cs) * p for cs, p in zip(choices, pi_theta, strict=True)])),
+            (uniform_gap.max(), uniform_gap.mean()),
+        ),
     ):
         table = steps.with_columns(pl.Series("choice_scores", stored, dtype=pl.List(pl.Float64)))
         write_table(table, "steps", run.table_path(0, "steps"))
@@ -173,6 +188,10 @@ def test_stored_choice_scores_are_the_old_policy_of_choose_rows(tmp_path):
         t = update_values(run)
         assert t[(-1, -1, "old_logprobs_stored")] == 1.0 and t[(-1, -1, "old_logprobs_stored_rows")] == 12
         assert t[(0, 0, "ratio_mean")] == pytest.approx(expected, abs=1e-5), name
+        assert t[(-1, -1, "engine_choice_gap_max")] == pytest.approx(gap[0], abs=1e-5), name
+        assert t[(-1, -1, "engine_choice_gap_mean")] == pytest.approx(gap[1], abs=1e-5), name
+        # no row was recomputed, so there is no token gap to report (rather than a gap of 0)
+        assert (-1, -1, "engine_logprob_gap_max") not in t
     assert expected != pytest.approx(1.0, abs=1e-3)  # the uniform case is a real test of which pi_old is used
 
     # a choose row without choice_scores is refused by name, before anything is written
