@@ -167,3 +167,20 @@ def test_the_rooms_preset_is_the_headroom_preset_with_rl_on_unseen_rooms() -> No
         assert [t.task_id for t in train[:64]] == [t.task_id for t in cloned]  # the warm start's rooms
         assert len({t.task_id for t in train}) == 1024
         assert not {repr(t.spec) for t in train} & {repr(t.spec) for t in held_out}
+
+
+def test_the_choose_preset_is_the_rooms_preset_in_choose_mode_at_a_smaller_step() -> None:
+    """configs/cpu/household_smollm2_choose.toml (preset 2 of the positive control): the rooms
+    preset's settings but for choose mode, lr 1e-4 and pi_old from the rollout -- what development
+    seed 102 ran (docs/results/real-model-headroom.md)."""
+    rooms = load_config(ROOT / "configs" / "cpu" / "household_smollm2_rooms.toml").to_dict()
+    choose = load_config(ROOT / "configs" / "cpu" / "household_smollm2_choose.toml").to_dict()
+    changed = {
+        (section, key)
+        for section in rooms
+        for key in rooms[section]
+        if rooms[section][key] != choose[section][key]
+    }
+    assert changed == {("run", "name"), ("rollout", "mode"), ("update", "lr"), ("update", "old_logprobs")}
+    assert choose["rollout"]["mode"] == "choose" and choose["update"]["lr"] == 1e-4
+    assert choose["update"]["old_logprobs"] == "stored"
