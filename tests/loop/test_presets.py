@@ -171,7 +171,7 @@ def test_the_rooms_preset_is_the_headroom_preset_with_rl_on_unseen_rooms() -> No
 
 def test_the_choose_preset_is_the_rooms_preset_in_choose_mode_at_a_smaller_step() -> None:
     """configs/cpu/household_smollm2_choose.toml (preset 2 of the positive control): the rooms
-    preset's settings but for choose mode, lr 1e-4 and pi_old from the rollout -- what development
+    preset's settings but for choose mode, lr 1e-4, pi_old from the rollout and 6 iterations -- what development
     seed 102 ran (docs/results/real-model-headroom.md)."""
     rooms = load_config(ROOT / "configs" / "cpu" / "household_smollm2_rooms.toml").to_dict()
     choose = load_config(ROOT / "configs" / "cpu" / "household_smollm2_choose.toml").to_dict()
@@ -181,6 +181,13 @@ def test_the_choose_preset_is_the_rooms_preset_in_choose_mode_at_a_smaller_step(
         for key in rooms[section]
         if rooms[section][key] != choose[section][key]
     }
-    assert changed == {("run", "name"), ("rollout", "mode"), ("update", "lr"), ("update", "old_logprobs")}
+    assert changed == {
+        ("run", "name"),
+        ("run", "iters"),
+        ("rollout", "mode"),
+        ("update", "lr"),
+        ("update", "old_logprobs"),
+    }
+    assert choose["run"]["iters"] == 6
     assert choose["rollout"]["mode"] == "choose" and choose["update"]["lr"] == 1e-4
     assert choose["update"]["old_logprobs"] == "stored"
