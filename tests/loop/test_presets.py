@@ -41,6 +41,16 @@ TINY = [
 ]
 
 
+def changed_settings(base: dict, other: dict) -> set[tuple[str, str]]:
+    """(section, key) of every setting whose value differs between two configs' dicts."""
+    return {
+        (section, key)
+        for section in base
+        for key in base[section]
+        if base[section][key] != other[section][key]
+    }
+
+
 def test_every_gpu_config_has_a_cpu_preset() -> None:
     assert {p.stem for p in PRESETS} == GPU_CONFIGS
 
@@ -138,13 +148,7 @@ def test_the_rooms_preset_is_the_headroom_preset_with_rl_on_unseen_rooms() -> No
     headroom = load_config(ROOT / "configs" / "cpu" / "household_smollm2_headroom.toml").to_dict()
     rooms_config = load_config(ROOT / "configs" / "cpu" / "household_smollm2_rooms.toml")
     rooms = rooms_config.to_dict()
-    changed = {
-        (section, key)
-        for section in headroom
-        for key in headroom[section]
-        if headroom[section][key] != rooms[section][key]
-    }
-    assert changed == {
+    assert changed_settings(headroom, rooms) == {
         ("run", "name"),
         ("env", "train_tasks"),
         ("sft", "tasks"),
@@ -170,18 +174,11 @@ def test_the_rooms_preset_is_the_headroom_preset_with_rl_on_unseen_rooms() -> No
 
 
 def test_the_choose_preset_is_the_rooms_preset_in_choose_mode_at_a_smaller_step() -> None:
-    """configs/cpu/household_smollm2_choose.toml (preset 2 of the positive control): the rooms
-    preset's settings but for choose mode, lr 1e-4, pi_old from the rollout and 6 iterations -- what development
-    seed 102 ran (docs/results/real-model-headroom.md)."""
+    """configs/cpu/household_smollm2_choose.toml: the rooms preset's settings but for choose mode,
+    lr 1e-4, pi_old from the rollout and 6 iterations."""
     rooms = load_config(ROOT / "configs" / "cpu" / "household_smollm2_rooms.toml").to_dict()
     choose = load_config(ROOT / "configs" / "cpu" / "household_smollm2_choose.toml").to_dict()
-    changed = {
-        (section, key)
-        for section in rooms
-        for key in rooms[section]
-        if rooms[section][key] != choose[section][key]
-    }
-    assert changed == {
+    assert changed_settings(rooms, choose) == {
         ("run", "name"),
         ("run", "iters"),
         ("rollout", "mode"),
