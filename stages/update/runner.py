@@ -357,18 +357,16 @@ def engine_logprob_gap(
         for i, kept in enumerate(rows.behaviour_logprobs)
         if not stored[i] and kept is not None and len(kept) and len(kept) == len(old.tokens[i])
     ]
-    if gaps:
-        every = np.concatenate(gaps)
-        out |= {"engine_logprob_gap_max": float(every.max()), "engine_logprob_gap_mean": float(every.mean())}
     scores = rows.choice_scores or [None] * rows.n
     choice_gaps = [
         np.abs(choice_log_probs(scores[i], temperature) - before.double().numpy())
         for i, before in zip(probe.tolist(), probe_before, strict=True)
         if rows.is_choice[i] and scores[i] is not None
     ]
-    if choice_gaps:
-        every = np.concatenate(choice_gaps)
-        out |= {"engine_choice_gap_max": float(every.max()), "engine_choice_gap_mean": float(every.mean())}
+    for name, found in (("engine_logprob_gap", gaps), ("engine_choice_gap", choice_gaps)):
+        if found:
+            every = np.concatenate(found)
+            out |= {f"{name}_max": float(every.max()), f"{name}_mean": float(every.mean())}
     return out
 
 
